@@ -1,0 +1,286 @@
+// Package file is the signer backend that keeps the CA key in a PEM file and
+// therefore in process memory. It exists for development and for clusters
+// that accept that risk; it is only used when a file: key URI is given.
+//
+// Key URIs follow RFC 8089: file:/abs/path or file:///abs/path. No host, query
+// or fragment is accepted.
+package file
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+// Scheme is the key URI scheme of this backend.
+const Scheme = "file"
+
+// Backend opens and creates PEM key files.
+type Backend struct {
+	// Logger receives the one warning that the key is held in memory.
+	// Nil discards it.
+	Logger *slog.Logger
+	// Rand is the entropy source for Generate; nil means crypto/rand.
+	Rand io.Reader
+}
+
+// Scheme implements signer.Backend.
+func (b *Backend) Scheme() string { return Scheme }
+
+// ParseURI returns the absolute path a file: key URI names.
+func ParseURI(uri string) (string, error) {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", signer.ErrInvalidURI, err)
+	}
+	if u.Scheme != Scheme {
+		return "", fmt.Errorf("%w: scheme %q is not %q", signer.ErrInvalidURI, u.Scheme, Scheme)
+	}
+	if u.Opaque != "" {
+		return "", fmt.Errorf("%w: file URI needs an absolute path (file:/path or file:///path), got %q", signer.ErrInvalidURI, uri)
+	}
+	if u.Host != "" || u.User != nil {
+		return "", fmt.Errorf("%w: file URI must not name a host", signer.ErrInvalidURI)
+	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.RawFragment != "" {
+		return "", fmt.Errorf("%w: file URI takes no query or fragment", signer.ErrInvalidURI)
+	}
+	p := u.Path
+	if p == "" || !filepath.IsAbs(p) {
+		return "", fmt.Errorf("%w: file URI needs an absolute path", signer.ErrInvalidURI)
+	}
+	if strings.ContainsRune(p, 0) {
+		return "", fmt.Errorf("%w: NUL in path", signer.ErrInvalidURI)
+	}
+	if filepath.Clean(p) != p {
+		return "", fmt.Errorf("%w: path %q is not clean (want %q)", signer.ErrInvalidURI, p, filepath.Clean(p))
+	}
+	return p, nil
+}
+
+// URI returns the file: key URI for an absolute path.
+func URI(path string) string {
+	return (&url.URL{Scheme: Scheme, Path: path}).String()
+}
+
+// Open implements signer.Backend. It refuses a key file that group or
+// others may read.
+func (b *Backend) Open(_ context.Context, uri string) (signer.Signer, error) {
+	path, err := ParseURI(uri)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("open key %s: %w", path, signer.ErrKeyNotFound)
+		}
+		return nil, fmt.Errorf("open key %s: %w", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("open key %s: %w", path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("open key %s: not a regular file", path)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("open key %s: mode %04o lets group or others read the CA key; run chmod 600 %s", path, perm, path)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("open key %s: %w", path, err)
+	}
+	key, err := ParsePrivateKeyPEM(data)
+	if err != nil {
+		return nil, fmt.Errorf("open key %s: %w", path, err)
+	}
+	return b.newSigner(key, path)
+}
+
+// Generate implements signer.Backend: it writes a new PKCS#8 PEM key, mode
+// 0600, and never replaces an existing file.
+func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm) (signer.Signer, error) {
+	path, err := ParseURI(uri)
+	if err != nil {
+		return nil, err
+	}
+	r := b.Rand
+	if r == nil {
+		r = rand.Reader
+	}
+	key, err := GenerateKey(r, alg)
+	if err != nil {
+		return nil, err
+	}
+	return b.write(path, key)
+}
+
+// Import implements signer.Backend: it writes key as a PKCS#8 PEM file.
+// A file cannot make a key non-extractable; Describe says so.
+func (b *Backend) Import(_ context.Context, uri string, key crypto.Signer) (signer.Signer, error) {
+	path, err := ParseURI(uri)
+	if err != nil {
+		return nil, err
+	}
+	return b.write(path, key)
+}
+
+func (b *Backend) write(path string, key crypto.Signer) (signer.Signer, error) {
+	pemBytes, err := MarshalPrivateKeyPEM(key)
+	if err != nil {
+		return nil, err
+	}
+	if err := atomicfile.Write(path, pemBytes, 0o600, false); err != nil {
+		if errors.Is(err, atomicfile.ErrExists) {
+			return nil, fmt.Errorf("write key %s: %w", path, signer.ErrKeyExists)
+		}
+		return nil, fmt.Errorf("write key: %w", err)
+	}
+	return b.newSigner(key, path)
+}
+
+// GenerateKey creates a software key of the given algorithm.
+func GenerateKey(r io.Reader, alg signer.Algorithm) (crypto.Signer, error) {
+	switch alg {
+	case signer.ECDSAP256:
+		return ecdsa.GenerateKey(elliptic.P256(), r)
+	case signer.ECDSAP384:
+		return ecdsa.GenerateKey(elliptic.P384(), r)
+	case signer.RSA2048:
+		return rsa.GenerateKey(r, 2048)
+	case signer.RSA3072:
+		return rsa.GenerateKey(r, 3072)
+	case signer.RSA4096:
+		return rsa.GenerateKey(r, 4096)
+	case signer.Ed25519:
+		_, k, err := ed25519.GenerateKey(r)
+		return k, err
+	}
+	return nil, fmt.Errorf("%w: %q", signer.ErrUnsupportedAlgorithm, alg)
+}
+
+// MarshalPrivateKeyPEM encodes key as a PKCS#8 "PRIVATE KEY" PEM block.
+func MarshalPrivateKeyPEM(key crypto.Signer) ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("marshal private key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+// ParsePrivateKeyPEM parses the first private key PEM block in data:
+// PKCS#8 ("PRIVATE KEY", and Talos's "ED25519 PRIVATE KEY"), SEC1
+// ("EC PRIVATE KEY") or PKCS#1 ("RSA PRIVATE KEY"). Encrypted PEM is refused.
+func ParsePrivateKeyPEM(data []byte) (crypto.Signer, error) {
+	for {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			return nil, errors.New("no private key PEM block found")
+		}
+		if !strings.HasSuffix(block.Type, "PRIVATE KEY") {
+			continue
+		}
+		if _, enc := block.Headers["DEK-Info"]; enc || block.Type == "ENCRYPTED PRIVATE KEY" {
+			return nil, errors.New("encrypted private keys are not supported; decrypt it first (openssl pkey)")
+		}
+		return parseDER(block.Type, block.Bytes)
+	}
+}
+
+func parseDER(typ string, der []byte) (crypto.Signer, error) {
+	var key any
+	var err error
+	switch typ {
+	case "EC PRIVATE KEY":
+		key, err = x509.ParseECPrivateKey(der)
+	case "RSA PRIVATE KEY":
+		key, err = x509.ParsePKCS1PrivateKey(der)
+	default:
+		key, err = x509.ParsePKCS8PrivateKey(der)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", typ, err)
+	}
+	switch k := key.(type) {
+	case *ecdsa.PrivateKey:
+		return k, nil
+	case *rsa.PrivateKey:
+		if k.N.BitLen() < 2048 {
+			return nil, fmt.Errorf("RSA key of %d bits is too weak for a CA (need 2048 or more)", k.N.BitLen())
+		}
+		return k, nil
+	case ed25519.PrivateKey:
+		return k, nil
+	}
+	return nil, fmt.Errorf("unsupported private key type %T", key)
+}
+
+func (b *Backend) newSigner(key crypto.Signer, path string) (*Signer, error) {
+	pub := key.Public()
+	fp, err := signer.Fingerprint(pub)
+	if err != nil {
+		return nil, err
+	}
+	if b.Logger != nil {
+		b.Logger.Warn("the OS CA private key is held in process memory (file signer); use a tpm: or pkcs11: key URI to keep it on a device",
+			"path", path, "fingerprint", fp)
+	}
+	return &Signer{key: key, desc: signer.Description{
+		Backend:     Scheme,
+		Algorithm:   signer.AlgorithmName(pub),
+		Fingerprint: fp,
+		Extractable: true,
+		Location:    path,
+	}}, nil
+}
+
+// Signer signs with a key read from a file.
+type Signer struct {
+	key  crypto.Signer
+	desc signer.Description
+}
+
+// Public implements crypto.Signer.
+func (s *Signer) Public() crypto.PublicKey { return s.key.Public() }
+
+// Sign implements crypto.Signer after checking opts.
+func (s *Signer) Sign(r io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	if err := signer.CheckOpts(s.key.Public(), digest, opts); err != nil {
+		return nil, err
+	}
+	if r == nil {
+		r = rand.Reader
+	}
+	sig, err := s.key.Sign(r, digest, opts)
+	if err != nil {
+		return nil, fmt.Errorf("file sign: %w", err)
+	}
+	return sig, nil
+}
+
+// Describe implements signer.Signer.
+func (s *Signer) Describe() signer.Description { return s.desc }
+
+// Close implements signer.Signer; the key stays until garbage collected.
+func (s *Signer) Close() error { return nil }
