@@ -43,6 +43,9 @@ type Description struct {
 	// Policy describes the use policy bound to the key, if any
 	// (e.g. "pcr sha256:7,11 + CC_Sign" for a TPM key).
 	Policy string `json:"policy,omitempty"`
+	// PolicyDigest is the hex digest of that policy as the device computes
+	// it (a TPM authPolicy), if any.
+	PolicyDigest string `json:"policyDigest,omitempty"`
 	// Location is where the key lives, without any secret
 	// (a path, a persistent handle, a token label and object id).
 	Location string `json:"location,omitempty"`
