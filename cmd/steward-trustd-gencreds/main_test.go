@@ -1,0 +1,184 @@
+package main
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/base64"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v4"
+
+	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/file"
+)
+
+var outputs = []string{"os-ca.crt", "os-ca.key", "server.crt", "server.key", "token", "kubernetes-secret.yaml"}
+
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"no cluster", []string{"-output", "x"}, "-cluster is required"},
+		{"no output", []string{"-cluster", "c"}, "-output is required"},
+		{"bad algorithm", []string{"-cluster", "c", "-output", "x", "-algorithm", "rsa3072"}, "want p256 or ed25519"},
+		{"unknown algorithm", []string{"-cluster", "c", "-output", "x", "-algorithm", "dsa"}, "want p256 or ed25519"},
+		{"bad san", []string{"-cluster", "c", "-output", "x", "-san", "not a host"}, "neither an IP address nor a DNS name"},
+		{"unknown flag", []string{"-nope"}, "flag provided but not defined"},
+		{"positional", []string{"-cluster", "c", "-output", "x", "extra"}, `unexpected argument "extra"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			if code := run(tt.args, &out, &errb); code != exitUsage {
+				t.Fatalf("exit code %d, want %d; stderr %s", code, exitUsage, errb.String())
+			}
+			if !strings.Contains(errb.String(), tt.wantErr) {
+				t.Errorf("stderr %q does not mention %q", errb.String(), tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestGenerate(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		flags []string
+		alg   string
+		sans  []string
+	}{
+		{"defaults single dash", []string{"-cluster", "demo"}, "ECDSA-P256", nil},
+		{"double dash ed25519", []string{"--cluster", "demo", "--algorithm", "ed25519", "--san", "10.5.0.2", "--san", "api.example.com,10.5.0.3"}, "Ed25519", []string{"10.5.0.2", "api.example.com", "10.5.0.3"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "certs")
+			var out, errb bytes.Buffer
+			flagOut := "-output"
+			if strings.HasPrefix(tt.flags[0], "--") {
+				flagOut = "--output"
+			}
+			args := append(append([]string{}, tt.flags...), flagOut, dir)
+			if code := run(args, &out, &errb); code != exitOK {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			for _, n := range outputs {
+				st, err := os.Stat(filepath.Join(dir, n))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.Mode().Perm() != 0o600 {
+					t.Errorf("%s mode %04o, want 0600", n, st.Mode().Perm())
+				}
+			}
+			read := func(n string) []byte {
+				b, err := os.ReadFile(filepath.Join(dir, n))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return b
+			}
+			ca, err := keystore.ParseCertificate(read("os-ca.crt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			key, err := file.ParsePrivateKeyPEM(read("os-ca.key"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !keystore.KeyMatchesCert(key.Public(), ca) {
+				t.Error("os-ca.key does not match os-ca.crt")
+			}
+			if got := ca.Subject.CommonName; got != "demo" {
+				t.Errorf("CA CN %q", got)
+			}
+			srv, err := keystore.ParseCertificate(read("server.crt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool := x509.NewCertPool()
+			pool.AddCert(ca)
+			want := tt.sans
+			if want == nil {
+				want = []string{"127.0.0.1", "localhost"}
+			}
+			for _, h := range want {
+				if _, err := srv.Verify(x509.VerifyOptions{Roots: pool, DNSName: h, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+					t.Errorf("server.crt for %s: %v", h, err)
+				}
+			}
+			skey, err := file.ParsePrivateKeyPEM(read("server.key"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !keystore.KeyMatchesCert(skey.Public(), srv) {
+				t.Error("server.key does not match server.crt")
+			}
+			if tok := read("token"); len(tok) != 64 {
+				t.Errorf("token length %d, want 64 hex chars", len(tok))
+			}
+			var sec struct {
+				APIVersion string `yaml:"apiVersion"`
+				Kind       string
+				Type       string
+				Metadata   struct {
+					Name   string
+					Labels map[string]string
+				}
+				Data map[string]string
+			}
+			if err := yaml.Unmarshal(read("kubernetes-secret.yaml"), &sec); err != nil {
+				t.Fatal(err)
+			}
+			if sec.APIVersion != "v1" || sec.Kind != "Secret" || sec.Type != "Opaque" || sec.Metadata.Name != "steward-trustd-demo" ||
+				sec.Metadata.Labels["app.kubernetes.io/name"] != "steward-trustd" {
+				t.Errorf("secret header %+v", sec)
+			}
+			if len(sec.Data) != 5 {
+				t.Errorf("secret data keys %d, want 5", len(sec.Data))
+			}
+			for _, n := range outputs[:5] {
+				got, err := base64.StdEncoding.DecodeString(sec.Data[n])
+				if err != nil || !bytes.Equal(got, read(n)) {
+					t.Errorf("secret data %s does not equal the file (%v)", n, err)
+				}
+			}
+			if got := signer.AlgorithmName(key.Public()); got != tt.alg {
+				t.Errorf("algorithm %s, want %s", got, tt.alg)
+			}
+		})
+	}
+}
+
+func TestRefusesOverwrite(t *testing.T) {
+	dir := t.TempDir()
+	// One pre-existing target is enough to refuse the whole set.
+	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"-cluster", "c", "-output", dir}, &out, &errb); code != exitFail {
+		t.Fatalf("exit %d, want %d", code, exitFail)
+	}
+	if !strings.Contains(errb.String(), "refusing to overwrite") || !strings.Contains(errb.String(), "token") {
+		t.Errorf("stderr %q", errb.String())
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("directory has %d entries after a refused run, want only the old token", len(entries))
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "token")); string(b) != "keep" {
+		t.Error("token was replaced")
+	}
+	errb.Reset()
+	if code := run([]string{"-cluster", "c", "-output", dir, "-force"}, &out, &errb); code != exitOK {
+		t.Fatalf("-force: exit %d: %s", code, errb.String())
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "token")); string(b) == "keep" {
+		t.Error("-force did not replace the token")
+	}
+}

@@ -1,0 +1,231 @@
+package keystore
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
+)
+
+// Dir is the output directory of a ceremony. Names are slash-separated
+// paths relative to the directory (fs.ValidPath). It is an interface so
+// that tests can make any write fail and check that nothing is left
+// half-written.
+type Dir interface {
+	// ReadFile returns the content of name; a missing file is an error
+	// wrapping fs.ErrNotExist.
+	ReadFile(name string) ([]byte, error)
+	// Exists reports whether name exists.
+	Exists(name string) (bool, error)
+	// WriteFile writes name atomically with mode perm. Without overwrite
+	// an existing file is never replaced and the error wraps fs.ErrExist.
+	WriteFile(name string, data []byte, perm fs.FileMode, overwrite bool) error
+	// Remove deletes name; a missing file is not an error.
+	Remove(name string) error
+	// List returns the names of the regular files directly under the
+	// directory name, sorted; a missing directory lists nothing.
+	List(name string) ([]string, error)
+	// Path returns the operating-system path of name, for messages.
+	Path(name string) string
+}
+
+// OSDir is a Dir on the local file system. Every write goes through
+// internal/atomicfile; parent directories are created with mode 0700.
+type OSDir struct {
+	// Root is the directory path.
+	Root string
+}
+
+func (d OSDir) resolve(name string) (string, error) {
+	if !fs.ValidPath(name) {
+		return "", fmt.Errorf("invalid file name %q", name)
+	}
+	return filepath.Join(d.Root, filepath.FromSlash(name)), nil
+}
+
+// Path implements Dir.
+func (d OSDir) Path(name string) string {
+	return filepath.Join(d.Root, filepath.FromSlash(name))
+}
+
+// ReadFile implements Dir.
+func (d OSDir) ReadFile(name string) ([]byte, error) {
+	p, err := d.resolve(name)
+	if err != nil {
+		return nil, err
+	}
+	return os.ReadFile(p)
+}
+
+// Exists implements Dir.
+func (d OSDir) Exists(name string) (bool, error) {
+	p, err := d.resolve(name)
+	if err != nil {
+		return false, err
+	}
+	_, err = os.Lstat(p)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	default:
+		return false, err
+	}
+}
+
+// WriteFile implements Dir.
+func (d OSDir) WriteFile(name string, data []byte, perm fs.FileMode, overwrite bool) error {
+	p, err := d.resolve(name)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return fmt.Errorf("create directory for %s: %w", p, err)
+	}
+	return atomicfile.Write(p, data, perm, overwrite)
+}
+
+// Remove implements Dir.
+func (d OSDir) Remove(name string) error {
+	p, err := d.resolve(name)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// List implements Dir.
+func (d OSDir) List(name string) ([]string, error) {
+	p, err := d.resolve(name)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && !strings.HasPrefix(e.Name(), ".") {
+			out = append(out, e.Name())
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// File is one file of a set written together.
+type File struct {
+	// Name is relative to the Dir.
+	Name string
+	// Data is the content.
+	Data []byte
+	// Mode is the permission; secrets are 0600.
+	Mode fs.FileMode
+	// Remove asks for the file to be deleted instead of written (used by
+	// rotate --finish to drop accepted-cas.crt).
+	Remove bool
+}
+
+// ErrExists reports that a ceremony would overwrite files and --force was
+// not given. It wraps fs.ErrExist.
+var ErrExists = fmt.Errorf("refusing to overwrite existing files without --force: %w", fs.ErrExist)
+
+// CheckAbsent returns an error wrapping ErrExists that lists every file of
+// files already present in d.
+func CheckAbsent(d Dir, files []File) error {
+	var present []string
+	for _, f := range files {
+		if f.Remove {
+			continue
+		}
+		ok, err := d.Exists(f.Name)
+		if err != nil {
+			return fmt.Errorf("check %s: %w", d.Path(f.Name), err)
+		}
+		if ok {
+			present = append(present, d.Path(f.Name))
+		}
+	}
+	if len(present) > 0 {
+		return fmt.Errorf("%w: %s", ErrExists, strings.Join(present, ", "))
+	}
+	return nil
+}
+
+// WriteSet writes files into d as one unit: without overwrite it first
+// checks that none exists and writes nothing otherwise; each file is
+// written atomically; if any write fails, the files already written are
+// removed again (or, when they replaced a file, restored from the content
+// read before the first write), so a failure leaves the directory as it
+// was. A crash of the whole process between two writes cannot be undone
+// this way; ceremonies detect such a partial set on the next run.
+func WriteSet(d Dir, files []File, overwrite bool) error {
+	if !overwrite {
+		if err := CheckAbsent(d, files); err != nil {
+			return err
+		}
+	}
+	type backup struct {
+		name string
+		data []byte
+		had  bool
+		mode fs.FileMode
+	}
+	backups := make([]backup, 0, len(files))
+	for _, f := range files {
+		b := backup{name: f.Name, mode: f.Mode}
+		data, err := d.ReadFile(f.Name)
+		switch {
+		case err == nil:
+			b.data, b.had = data, true
+		case errors.Is(err, fs.ErrNotExist):
+		default:
+			return fmt.Errorf("read %s before replacing it: %w", d.Path(f.Name), err)
+		}
+		backups = append(backups, b)
+	}
+	rollback := func(done int) error {
+		var errs []error
+		for i := done - 1; i >= 0; i-- {
+			b := backups[i]
+			var err error
+			if b.had {
+				err = d.WriteFile(b.name, b.data, b.mode, true)
+			} else {
+				err = d.Remove(b.name)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("roll back %s: %w", d.Path(b.name), err))
+			}
+		}
+		return errors.Join(errs...)
+	}
+	for i, f := range files {
+		var err error
+		if f.Remove {
+			err = d.Remove(f.Name)
+		} else {
+			err = d.WriteFile(f.Name, f.Data, f.Mode, overwrite)
+		}
+		if err != nil {
+			if rbErr := rollback(i); rbErr != nil {
+				return fmt.Errorf("write %s: %w (and the roll back failed: %w)", d.Path(f.Name), err, rbErr)
+			}
+			return fmt.Errorf("write %s: %w (no file was changed)", d.Path(f.Name), err)
+		}
+	}
+	return nil
+}
