@@ -117,6 +117,16 @@ func (b *Backend) Open(_ context.Context, uri string) (signer.Signer, error) {
 	return b.newSigner(key, path)
 }
 
+// FromPEM returns a signer for a PEM key that arrived some other way than
+// a key file (e.g. an environment variable); location says where, for logs.
+func (b *Backend) FromPEM(data []byte, location string) (signer.Signer, error) {
+	key, err := ParsePrivateKeyPEM(data)
+	if err != nil {
+		return nil, fmt.Errorf("key from %s: %w", location, err)
+	}
+	return b.newSigner(key, location)
+}
+
 // Generate implements signer.Backend: it writes a new PKCS#8 PEM key, mode
 // 0600, and never replaces an existing file.
 func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm) (signer.Signer, error) {

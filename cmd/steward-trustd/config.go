@@ -1,0 +1,241 @@
+package main
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/steward-trustd/steward-trustd/signer/file"
+)
+
+// setting is one configuration value: a flag and its environment variable.
+type setting struct {
+	flag   string
+	env    string
+	usage  string
+	secret bool
+}
+
+var settings = []setting{
+	{"port", "TRUSTD_PORT", "TCP port of the SecurityService (Talos workers always dial 50001)", false},
+	{"listen-address", "TRUSTD_LISTEN_ADDRESS", "IP address to listen on (default: all addresses)", false},
+	{"tenant", "TRUSTD_TENANT", "tenant (cluster) name recorded in logs and audit lines", false},
+	{"token", "TRUSTD_TOKEN", "worker token (machine.token); prefer the token file in the cert dir", true},
+	{"os-ca-crt", "TRUSTD_OS_CA_CRT", "base64 PEM of the OS CA certificate (default: <cert-dir>/os-ca.crt)", false},
+	{"os-ca-key", "TRUSTD_OS_CA_KEY", "base64 PEM of the OS CA key, held in memory (file signer only; prefer --signer)", true},
+	{"server-crt", "TRUSTD_SERVER_CRT", "base64 PEM of the serving certificate (default: <cert-dir>/server.crt, else self-issued)", false},
+	{"server-key", "TRUSTD_SERVER_KEY", "base64 PEM of the serving key (default: <cert-dir>/server.key)", true},
+	{"cert-dir", "TRUSTD_CERT_DIR", "directory with os-ca.crt, os-ca.key, server.crt, server.key, token, accepted-cas.crt", false},
+	{"signer", "TRUSTD_SIGNER", "OS CA key URI: file:/path, tpm:..., pkcs11:... (default: file:<cert-dir>/os-ca.key)", false},
+	{"cert-sans", "TRUSTD_CERT_SANS", "comma-separated extra IPs/DNS names for the self-issued serving certificate", false},
+	{"allowed-san-cidrs", "TRUSTD_ALLOWED_SAN_CIDRS", "comma-separated CIDRs; every IP SAN requested must fall inside one (default: no restriction)", false},
+	{"require-peer-ip", "TRUSTD_REQUIRE_PEER_IP", "require the caller's address to be one of the requested IP SANs (true/false)", false},
+	{"debug", "TRUSTD_DEBUG", "debug logging (true/false)", false},
+}
+
+const defaultCertDir = "/etc/steward-trustd/certs"
+
+// registerFlags adds one string flag per setting. Defaults are empty on
+// purpose: a default taken from the environment would print secrets in
+// --help.
+func registerFlags(fs *pflag.FlagSet) {
+	for _, s := range settings {
+		fs.String(s.flag, "", fmt.Sprintf("%s [$%s]", s.usage, s.env))
+	}
+}
+
+// lookup returns a setting's value: the flag if given, else the environment.
+type lookup func(name string) (string, bool)
+
+func resolve(fs *pflag.FlagSet, getenv func(string) (string, bool)) lookup {
+	byFlag := map[string]setting{}
+	for _, s := range settings {
+		byFlag[s.flag] = s
+	}
+	return func(name string) (string, bool) {
+		s := byFlag[name]
+		if f := fs.Lookup(name); f != nil && f.Changed {
+			return f.Value.String(), true
+		}
+		return getenv(s.env)
+	}
+}
+
+// config is the daemon's validated configuration.
+type config struct {
+	listen   string
+	tenant   string
+	debug    bool
+	certDir  string
+	signer   string
+	inlineCA []byte // OS CA key held in memory (TRUSTD_OS_CA_KEY), file signer only
+	caPEM    []byte // inline CA certificate; nil means <cert-dir>/os-ca.crt
+	token    []byte // inline token; nil means <cert-dir>/token
+	srvCrt   []byte
+	srvKey   []byte
+	certSANs []string
+	allowed  []netip.Prefix
+	peerIP   bool
+}
+
+// configError names the setting at fault, so the daemon exits with one
+// clear line.
+type configError struct {
+	setting setting
+	msg     string
+}
+
+func (e *configError) Error() string {
+	return fmt.Sprintf("invalid configuration: %s (--%s / $%s)", e.msg, e.setting.flag, e.setting.env)
+}
+
+func settingByFlag(name string) setting {
+	for _, s := range settings {
+		if s.flag == name {
+			return s
+		}
+	}
+	return setting{flag: name}
+}
+
+func bad(name, format string, args ...any) error {
+	return &configError{setting: settingByFlag(name), msg: fmt.Sprintf(format, args...)}
+}
+
+func loadConfig(get lookup) (*config, error) {
+	c := &config{certDir: defaultCertDir}
+	port := 50001
+	if v, ok := get("port"); ok && v != "" {
+		p, err := strconv.Atoi(v)
+		if err != nil || p < 1 || p > 65535 {
+			return nil, bad("port", "%q is not a TCP port", v)
+		}
+		port = p
+	}
+	host := ""
+	if v, ok := get("listen-address"); ok && v != "" {
+		a, err := netip.ParseAddr(v)
+		if err != nil {
+			return nil, bad("listen-address", "%q is not an IP address", v)
+		}
+		host = a.String()
+	}
+	c.listen = netJoin(host, port)
+	c.tenant, _ = get("tenant")
+	var err error
+	if c.debug, err = boolSetting(get, "debug"); err != nil {
+		return nil, err
+	}
+	if c.peerIP, err = boolSetting(get, "require-peer-ip"); err != nil {
+		return nil, err
+	}
+	if v, ok := get("cert-dir"); ok && v != "" {
+		c.certDir = filepath.Clean(v)
+	}
+	if c.inlineCA, err = base64Setting(get, "os-ca-key"); err != nil {
+		return nil, err
+	}
+	if c.caPEM, err = base64Setting(get, "os-ca-crt"); err != nil {
+		return nil, err
+	}
+	if c.srvCrt, err = base64Setting(get, "server-crt"); err != nil {
+		return nil, err
+	}
+	if c.srvKey, err = base64Setting(get, "server-key"); err != nil {
+		return nil, err
+	}
+	if (c.srvCrt == nil) != (c.srvKey == nil) {
+		return nil, bad("server-key", "the serving certificate and key must be given together (TRUSTD_SERVER_CRT and TRUSTD_SERVER_KEY)")
+	}
+	if v, ok := get("token"); ok && v != "" {
+		c.token = []byte(strings.TrimSpace(v))
+	}
+	c.signer, _ = get("signer")
+	switch {
+	case c.signer != "" && c.inlineCA != nil:
+		return nil, bad("os-ca-key", "an inline OS CA key contradicts TRUSTD_SIGNER=%s; use one or the other", schemeOf(c.signer))
+	case c.signer == "" && c.inlineCA == nil:
+		c.signer = file.URI(filepath.Join(c.certDir, "os-ca.key"))
+	}
+	if v, ok := get("cert-sans"); ok {
+		c.certSANs = splitList(v)
+	}
+	if v, ok := get("allowed-san-cidrs"); ok {
+		for _, s := range splitList(v) {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				return nil, bad("allowed-san-cidrs", "%q is not a CIDR", s)
+			}
+			c.allowed = append(c.allowed, p.Masked())
+		}
+	}
+	return c, nil
+}
+
+func schemeOf(uri string) string {
+	s, _, _ := strings.Cut(uri, ":")
+	return s + ":..."
+}
+
+func netJoin(host string, port int) string {
+	if strings.Contains(host, ":") {
+		return "[" + host + "]:" + strconv.Itoa(port)
+	}
+	return host + ":" + strconv.Itoa(port)
+}
+
+func boolSetting(get lookup, name string) (bool, error) {
+	v, ok := get(name)
+	if !ok || v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, bad(name, "%q is not true or false", v)
+	}
+	return b, nil
+}
+
+// base64Setting decodes a base64 setting. Its value is never echoed: some
+// of these settings are keys.
+func base64Setting(get lookup, name string) ([]byte, error) {
+	v, ok := get(name)
+	if !ok || v == "" {
+		return nil, nil
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(v))
+	if err != nil {
+		return nil, bad(name, "value is not valid base64")
+	}
+	return b, nil
+}
+
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// readCertDirFile reads name from the cert dir; missing optional files
+// return nil.
+func readCertDirFile(dir, name string, optional bool) ([]byte, error) {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		if optional && errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return b, nil
+}

@@ -1,0 +1,125 @@
+package server
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+// Credentials are the inputs that may change while the server runs: the
+// worker token, the issuing CA certificate and the CA bundle returned to
+// workers. Values are immutable once built; reload swaps the whole set.
+type Credentials struct {
+	token  []byte
+	ca     *x509.Certificate
+	bundle []byte
+	pool   *x509.CertPool
+}
+
+// NewCredentials checks and assembles credentials. caPEM is the issuing OS
+// CA certificate, which must hold the signer's public key; acceptedPEM
+// (optional) adds the CAs that may also authenticate talosctl, e.g. during
+// a rotation. The bundle returned to workers becomes apid's client-CA
+// pool, so every block in it must be a CA certificate allowing ClientAuth.
+func NewCredentials(token []byte, caPEM, acceptedPEM []byte, pub crypto.PublicKey) (*Credentials, error) {
+	token = bytes.TrimSpace(token)
+	if len(token) == 0 {
+		return nil, errors.New("token is empty")
+	}
+	cas, err := parseCAs(caPEM)
+	if err != nil {
+		return nil, fmt.Errorf("OS CA certificate: %w", err)
+	}
+	if len(cas) != 1 {
+		return nil, fmt.Errorf("OS CA certificate: want exactly one certificate, found %d (put extra CAs in accepted-cas.crt)", len(cas))
+	}
+	ca := cas[0]
+	if pub != nil {
+		want, err := signer.Fingerprint(pub)
+		if err != nil {
+			return nil, err
+		}
+		got, err := signer.Fingerprint(ca.PublicKey)
+		if err != nil {
+			return nil, err
+		}
+		if want != got {
+			return nil, fmt.Errorf("OS CA certificate does not match the signer's key (certificate key %s, signer key %s)", got[:16], want[:16])
+		}
+	}
+	bundle := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	if len(bytes.TrimSpace(acceptedPEM)) > 0 {
+		extra, err := parseCAs(acceptedPEM)
+		if err != nil {
+			return nil, fmt.Errorf("accepted CAs: %w", err)
+		}
+		for _, c := range extra {
+			if bytes.Equal(c.Raw, ca.Raw) {
+				continue
+			}
+			bundle = append(bundle, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+			pool.AddCert(c)
+		}
+	}
+	return &Credentials{token: token, ca: ca, bundle: bundle, pool: pool}, nil
+}
+
+// CA returns the issuing CA certificate.
+func (c *Credentials) CA() *x509.Certificate { return c.ca }
+
+// Bundle returns the PEM bundle returned to workers as `ca`.
+func (c *Credentials) Bundle() []byte { return c.bundle }
+
+// Pool returns the bundle as a certificate pool.
+func (c *Credentials) Pool() *x509.CertPool { return c.pool }
+
+func parseCAs(data []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("unexpected PEM block %q", block.Type)
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		if !c.IsCA || !c.BasicConstraintsValid {
+			return nil, fmt.Errorf("certificate %q is not a CA", c.Subject)
+		}
+		if !allowsClientAuth(c) {
+			return nil, fmt.Errorf("CA %q has an ExtKeyUsage without ClientAuth; talosctl certificates under it would be refused by apid", c.Subject)
+		}
+		out = append(out, c)
+	}
+	if len(bytes.TrimSpace(data)) > 0 {
+		return nil, errors.New("trailing data that is not PEM")
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no certificate found")
+	}
+	return out, nil
+}
+
+func allowsClientAuth(c *x509.Certificate) bool {
+	if len(c.ExtKeyUsage) == 0 && len(c.UnknownExtKeyUsage) == 0 {
+		return true
+	}
+	for _, u := range c.ExtKeyUsage {
+		if u == x509.ExtKeyUsageClientAuth || u == x509.ExtKeyUsageAny {
+			return true
+		}
+	}
+	return false
+}
