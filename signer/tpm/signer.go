@@ -1,0 +1,443 @@
+package tpm
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"encoding/asn1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"sync"
+	"time"
+
+	"github.com/google/go-tpm/tpm2"
+	"github.com/google/go-tpm/tpm2/transport"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+// Signer signs with a key held in a TPM. It keeps one connection and the
+// key loaded between signatures, serializes TPM access, and reconnects and
+// reloads the key by itself after the TPM went away.
+type Signer struct {
+	dial    DialFunc
+	logger  *slog.Logger
+	retry   time.Duration
+	uri     KeyURI
+	km      *keyMaterial
+	pub     *ecdsa.PublicKey
+	size    int // curve order size in bytes
+	name    tpm2.TPM2BName
+	policy  []byte // the key's authPolicy
+	desc    signer.Description
+	pcrDesc string
+
+	mu          sync.Mutex
+	conn        transport.TPMCloser // nil while disconnected
+	key         tpm2.TPMHandle      // loaded (transient) or persistent handle
+	closed      bool
+	lastAttempt time.Time
+	lastErr     error
+	deviceUp    bool
+	policyState int // 0 unknown, 1 satisfied, 2 not satisfied
+}
+
+func (b *Backend) newSigner(ctx context.Context, u KeyURI, km *keyMaterial) (*Signer, error) {
+	retry := b.RetryInterval
+	if retry <= 0 {
+		retry = DefaultRetryInterval
+	}
+	s := &Signer{dial: b.Dial, logger: b.logger(), retry: retry, uri: u, km: km}
+	if km.blob != nil {
+		pub, err := km.blob.public.Contents()
+		if err != nil {
+			return nil, fmt.Errorf("tpm: key blob: %w", err)
+		}
+		if err := s.setPublic(pub); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := b.dial(ctx, u)
+	if err != nil {
+		return nil, err
+	}
+	var key tpm2.TPMHandle
+	_, err = runBounded(ctx, conn, u.Timeout, func(t transport.TPM) error {
+		var err error
+		key, err = s.loadKey(t)
+		return err
+	})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("tpm: open %s: %w", u, err)
+	}
+	s.conn, s.key, s.deviceUp = conn, key, true
+	return s, nil
+}
+
+// setPublic records the key's public area and builds its description.
+func (s *Signer) setPublic(p *tpm2.TPMTPublic) error {
+	pub, err := checkKeyPublic(p)
+	if err != nil {
+		return fmt.Errorf("tpm: %s: %w", s.uri, err)
+	}
+	name, err := tpm2.ObjectName(p)
+	if err != nil {
+		return fmt.Errorf("tpm: key name: %w", err)
+	}
+	fp, err := signer.Fingerprint(pub)
+	if err != nil {
+		return err
+	}
+	s.pub, s.name, s.policy = pub, *name, p.AuthPolicy.Buffer
+	s.size = (pub.Curve.Params().N.BitLen() + 7) / 8
+	s.pcrDesc = "sha256:" + pcrList(s.km.pcrs)
+	s.desc = signer.Description{
+		Backend:      Scheme,
+		Algorithm:    signer.AlgorithmName(pub),
+		Fingerprint:  fp,
+		Extractable:  false,
+		Policy:       "pcr " + s.pcrDesc + " + CC_Sign",
+		PolicyDigest: hex.EncodeToString(p.AuthPolicy.Buffer),
+		Location:     s.uri.String(),
+	}
+	return nil
+}
+
+// loadKey makes the key usable on a fresh connection: a blob is loaded
+// under the recreated SRK, a persistent handle is read and checked to be
+// the key first opened.
+func (s *Signer) loadKey(t transport.TPM) (tpm2.TPMHandle, error) {
+	if s.km.blob != nil {
+		h, name, err := loadBlob(t, s.km.blob)
+		if err != nil {
+			var rc tpm2.TPMRC
+			if errors.As(err, &rc) && (errors.Is(rc, tpm2.TPMRCIntegrity) || errors.Is(rc, tpm2.TPMRCSize) || errors.Is(rc, tpm2.TPMRCValue)) {
+				return 0, fmt.Errorf("the key blob was not made by this TPM's storage root key (another TPM, or the owner hierarchy was cleared): %w", err)
+			}
+			return 0, err
+		}
+		if !bytes.Equal(name.Buffer, s.name.Buffer) {
+			flush(t, h)
+			return 0, errors.New("the loaded key's name differs from the blob's public area")
+		}
+		return h, nil
+	}
+	rsp, err := tpm2.ReadPublic{ObjectHandle: s.uri.Handle}.Execute(t)
+	if err != nil {
+		if errors.Is(err, tpm2.TPMRCHandle) {
+			return 0, fmt.Errorf("persistent handle 0x%08x holds no key: %w: %w", uint32(s.uri.Handle), signer.ErrKeyNotFound, err)
+		}
+		return 0, fmt.Errorf("read key at 0x%08x (TPM2_ReadPublic): %w", uint32(s.uri.Handle), err)
+	}
+	if s.pub == nil {
+		pub, err := rsp.OutPublic.Contents()
+		if err != nil {
+			return 0, err
+		}
+		if err := s.setPublic(pub); err != nil {
+			return 0, err
+		}
+	} else if !bytes.Equal(rsp.Name.Buffer, s.name.Buffer) {
+		return 0, fmt.Errorf("persistent handle 0x%08x now holds a different key", uint32(s.uri.Handle))
+	}
+	return s.uri.Handle, nil
+}
+
+// ensureLocked connects and reloads the key if the connection was lost.
+// It tries at most once per retry interval; in between it fails at once.
+func (s *Signer) ensureLocked(ctx context.Context) error {
+	if s.closed {
+		return fmt.Errorf("tpm: signer is closed: %w", signer.ErrDeviceUnavailable)
+	}
+	if s.conn != nil {
+		return nil
+	}
+	if !s.lastAttempt.IsZero() && time.Since(s.lastAttempt) < s.retry {
+		return s.lastErr
+	}
+	s.lastAttempt = time.Now()
+	conn, err := s.dialURI(ctx)
+	if err != nil {
+		s.lastErr = err
+		return err
+	}
+	var key tpm2.TPMHandle
+	_, err = runBounded(ctx, conn, s.uri.Timeout, func(t transport.TPM) error {
+		var err error
+		key, err = s.loadKey(t)
+		return err
+	})
+	if err != nil {
+		conn.Close()
+		s.lastErr = fmt.Errorf("tpm: reconnect %s: %w: %w", s.uri.Device, signer.ErrDeviceUnavailable, err)
+		return s.lastErr
+	}
+	s.conn, s.key, s.lastErr = conn, key, nil
+	if !s.deviceUp {
+		s.deviceUp = true
+		s.logger.Info("tpm: device is back, key reloaded", "location", s.desc.Location)
+	}
+	return nil
+}
+
+func (s *Signer) dialURI(ctx context.Context) (transport.TPMCloser, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.uri.Timeout)
+	defer cancel()
+	conn, err := s.dial(ctx, s.uri.Device)
+	if err != nil {
+		return nil, fmt.Errorf("tpm: open %s: %w: %w", s.uri.Device, signer.ErrDeviceUnavailable, err)
+	}
+	return conn, nil
+}
+
+// dropLocked forgets a connection that failed; the next call reconnects.
+func (s *Signer) dropLocked(cause error) {
+	if s.conn != nil {
+		s.conn.Close()
+	}
+	s.conn, s.key = nil, 0
+	s.lastAttempt = time.Time{}
+	if s.deviceUp {
+		s.deviceUp = false
+		s.logger.Warn("tpm: device unavailable; requests fail until it is back", "location", s.desc.Location, "error", cause)
+	}
+}
+
+// do runs op with the key loaded, serialized with every other TPM access.
+func (s *Signer) do(ctx context.Context, op func(t transport.TPM, key tpm2.TPMHandle) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.ensureLocked(ctx); err != nil {
+		return err
+	}
+	key := s.key
+	dead, err := runBounded(ctx, s.conn, s.uri.Timeout, func(t transport.TPM) error { return op(t, key) })
+	switch {
+	case dead:
+		s.dropLocked(err)
+	case errors.Is(err, tpm2.TPMRCHandle) || errors.Is(err, tpm2.TPMRCReferenceH0):
+		// The TPM lost the loaded key (a reset behind a connection that
+		// survived it): reload on the next call.
+		s.dropLocked(err)
+		err = fmt.Errorf("%w: %w", signer.ErrDeviceUnavailable, err)
+	}
+	if errors.Is(err, signer.ErrPolicyNotSatisfied) {
+		s.setPolicyStateLocked(false, err)
+	} else if err == nil {
+		s.setPolicyStateLocked(true, nil)
+	}
+	return err
+}
+
+func (s *Signer) setPolicyStateLocked(ok bool, err error) {
+	state := 2
+	if ok {
+		state = 1
+	}
+	if state == s.policyState {
+		return
+	}
+	prev := s.policyState
+	s.policyState = state
+	switch {
+	case !ok:
+		s.logger.Error("tpm: key use policy not satisfied; signing is refused until the PCRs match again",
+			"location", s.desc.Location, "policy", s.desc.Policy, "error", err)
+	case prev == 2:
+		s.logger.Info("tpm: key use policy satisfied again", "location", s.desc.Location)
+	}
+}
+
+// policyErr reports that the PCRs do not match the key's policy, keeping
+// the TPM response code (if any) in the chain.
+func (s *Signer) policyErr(rc error) error {
+	msg := fmt.Sprintf("tpm: PCR policy not satisfied: the %s PCR values differ from those the key is bound to", s.pcrDesc)
+	if rc == nil {
+		return fmt.Errorf("%s: %w", msg, signer.ErrPolicyNotSatisfied)
+	}
+	return fmt.Errorf("%s: %w: %w", msg, signer.ErrPolicyNotSatisfied, rc)
+}
+
+// runPolicy runs the key's policy in a policy session. With the expected
+// PCR digest known (blob keys), a PCR change fails TPM2_PolicyPCR with
+// TPM_RC_VALUE (TPM 2.0 Part 3 §23.7); without it (persistent keys), the
+// session digest just ends up wrong and TPM2_Sign fails with
+// TPM_RC_POLICY_FAIL.
+func (s *Signer) runPolicy(t transport.TPM, sess tpm2.TPMHandle) error {
+	_, err := tpm2.PolicyPCR{
+		PolicySession: sess,
+		PcrDigest:     tpm2.TPM2BDigest{Buffer: s.km.pcrDigest},
+		Pcrs:          pcrSelection(s.km.pcrs),
+	}.Execute(t)
+	if err != nil {
+		if errors.Is(err, tpm2.TPMRCValue) {
+			return s.policyErr(err)
+		}
+		return fmt.Errorf("TPM2_PolicyPCR: %w", err)
+	}
+	if _, err := (tpm2.PolicyCommandCode{PolicySession: sess, Code: tpm2.TPMCCSign}).Execute(t); err != nil {
+		return fmt.Errorf("TPM2_PolicyCommandCode: %w", err)
+	}
+	return nil
+}
+
+// tpmDigest prepares a digest for TPM2_Sign. ECDSA uses only the leftmost
+// bits of the digest, as many as the curve order has (FIPS 186-5 §6.4.1,
+// SEC 1 §4.1.3 step 5), and TPM2_Sign insists that the digest be exactly as
+// long as the scheme's hash. So a longer digest is cut to the order size
+// and labelled with the hash of that size; the signature is the same, and a
+// TPM only needs SHA-256 (and SHA-384 for P-384) to serve SHA-384/512
+// signature requests.
+func (s *Signer) tpmDigest(d []byte) ([]byte, tpm2.TPMIAlgHash) {
+	if len(d) > s.size {
+		d = d[:s.size]
+	}
+	if len(d) == 48 {
+		return d, tpm2.TPMAlgSHA384
+	}
+	return d, tpm2.TPMAlgSHA256
+}
+
+// Public implements crypto.Signer.
+func (s *Signer) Public() crypto.PublicKey { return s.pub }
+
+// Describe implements signer.Signer.
+func (s *Signer) Describe() signer.Description { return s.desc }
+
+// Sign implements crypto.Signer: an ASN.1 ECDSA signature by the TPM over
+// digest, after the key's policy session. It fails with an error wrapping
+// signer.ErrPolicyNotSatisfied (and the TPM response code) when the PCRs
+// changed, and signer.ErrDeviceUnavailable when the TPM cannot be reached.
+// rand is not used: the TPM draws its own nonce.
+func (s *Signer) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	if err := signer.CheckOpts(s.pub, digest, opts); err != nil {
+		return nil, err
+	}
+	d, hashAlg := s.tpmDigest(digest)
+	var r, sv []byte
+	err := s.do(context.Background(), func(t transport.TPM, key tpm2.TPMHandle) error {
+		var err error
+		r, sv, err = s.signOp(t, key, d, hashAlg)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return encodeSig(r, sv)
+}
+
+func (s *Signer) signOp(t transport.TPM, key tpm2.TPMHandle, d []byte, hashAlg tpm2.TPMIAlgHash) (r, sv []byte, err error) {
+	sess, closeSess, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
+	if err != nil {
+		return nil, nil, fmt.Errorf("start policy session (TPM2_StartAuthSession): %w", err)
+	}
+	defer closeSess() //nolint:errcheck // a failed flush shows as a dead transport on the next command
+	if err := s.runPolicy(t, sess.Handle()); err != nil {
+		return nil, nil, err
+	}
+	rsp, err := tpm2.Sign{
+		KeyHandle: tpm2.AuthHandle{Handle: key, Name: s.name, Auth: sess},
+		Digest:    tpm2.TPM2BDigest{Buffer: d},
+		InScheme: tpm2.TPMTSigScheme{
+			Scheme:  tpm2.TPMAlgECDSA,
+			Details: tpm2.NewTPMUSigScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSchemeHash{HashAlg: hashAlg}),
+		},
+		Validation: tpm2.TPMTTKHashCheck{Tag: tpm2.TPMSTHashCheck, Hierarchy: tpm2.TPMRHNull},
+	}.Execute(t)
+	if err != nil {
+		if errors.Is(err, tpm2.TPMRCPolicyFail) {
+			return nil, nil, s.policyErr(err)
+		}
+		return nil, nil, fmt.Errorf("TPM2_Sign: %w", err)
+	}
+	ecc, err := rsp.Signature.Signature.ECDSA()
+	if err != nil {
+		return nil, nil, fmt.Errorf("TPM2_Sign returned no ECDSA signature: %w", err)
+	}
+	return ecc.SignatureR.Buffer, ecc.SignatureS.Buffer, nil
+}
+
+// encodeSig encodes r and s as an ASN.1 ECDSA-Sig-Value (RFC 3279 §2.2.3).
+func encodeSig(r, s []byte) ([]byte, error) {
+	der, err := asn1.Marshal(struct{ R, S *big.Int }{new(big.Int).SetBytes(r), new(big.Int).SetBytes(s)})
+	if err != nil {
+		return nil, fmt.Errorf("tpm: encode signature: %w", err)
+	}
+	return der, nil
+}
+
+// CheckPolicy tells, without signing, whether the TPM's PCRs currently
+// satisfy the key's policy: nil, or an error wrapping
+// signer.ErrPolicyNotSatisfied (or signer.ErrDeviceUnavailable).
+func (s *Signer) CheckPolicy(ctx context.Context) error {
+	return s.do(ctx, func(t transport.TPM, _ tpm2.TPMHandle) error {
+		sess, closeSess, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
+		if err != nil {
+			return fmt.Errorf("start policy session (TPM2_StartAuthSession): %w", err)
+		}
+		defer closeSess() //nolint:errcheck // see signOp
+		if err := s.runPolicy(t, sess.Handle()); err != nil {
+			return err
+		}
+		rsp, err := tpm2.PolicyGetDigest{PolicySession: sess.Handle()}.Execute(t)
+		if err != nil {
+			return fmt.Errorf("TPM2_PolicyGetDigest: %w", err)
+		}
+		if !bytes.Equal(rsp.PolicyDigest.Buffer, s.policy) {
+			return s.policyErr(nil)
+		}
+		return nil
+	})
+}
+
+// PCRValues reads the current sha256 values of the PCRs the key is bound
+// to, by index.
+func (s *Signer) PCRValues(ctx context.Context) (map[int][]byte, error) {
+	var vals [][]byte
+	err := s.do(ctx, func(t transport.TPM, _ tpm2.TPMHandle) error {
+		var err error
+		vals, err = ReadPCRs(t, s.km.pcrs)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int][]byte, len(vals))
+	for i, p := range s.km.pcrs {
+		out[p] = vals[i]
+	}
+	return out, nil
+}
+
+// PCRs returns the sha256 PCR indices the key is bound to.
+func (s *Signer) PCRs() []int { return append([]int(nil), s.km.pcrs...) }
+
+// Close flushes the loaded key and closes the connection. The key itself
+// (blob file or persistent handle) is untouched.
+func (s *Signer) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.conn == nil {
+		return nil
+	}
+	if s.km.blob != nil && s.key != 0 {
+		key := s.key
+		runBounded(context.Background(), s.conn, s.uri.Timeout, func(t transport.TPM) error { //nolint:errcheck // the connection is closed right after
+			flush(t, key)
+			return nil
+		})
+	}
+	err := s.conn.Close()
+	s.conn, s.key = nil, 0
+	return err
+}

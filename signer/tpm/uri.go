@@ -1,0 +1,276 @@
+package tpm
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/go-tpm/tpm2"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+// Scheme is the key URI scheme of this backend.
+const Scheme = "tpm"
+
+// Owner persistent handle range (TPM 2.0 Part 2 §7.5 and the TCG
+// "Registry of Reserved TPM 2.0 Handles": 0x81000000–0x817FFFFF is the
+// owner's; the rest of 0x81 belongs to the platform).
+const (
+	PersistentMin tpm2.TPMHandle = 0x81000000
+	PersistentMax tpm2.TPMHandle = 0x817FFFFF
+)
+
+// DefaultPCR is the PCR selection used when a key URI names none: PCR 7
+// holds the Secure Boot policy state, which is what a CA key should be
+// bound to on a Talos node.
+const DefaultPCR = 7
+
+// MaxPCR is the highest PCR index a selection may name (a PC Client TPM
+// has 24 PCRs).
+const MaxPCR = 23
+
+// Timeout bounds.
+const (
+	DefaultTimeout = 10 * time.Second
+	minTimeout     = 100 * time.Millisecond
+	maxTimeout     = 10 * time.Minute
+)
+
+// DeviceKind says how to reach a TPM.
+type DeviceKind int
+
+// Device kinds.
+const (
+	// DeviceAuto means no device was named: /dev/tpmrm0, else /dev/tpm0.
+	DeviceAuto DeviceKind = iota
+	// DeviceChar is a TPM character device (device=/dev/tpmrm0).
+	DeviceChar
+	// DeviceTCP is a swtpm (or other raw TPM command) TCP socket (swtpm=host:port).
+	DeviceTCP
+	// DeviceUnix is a swtpm unix socket (socket=/path).
+	DeviceUnix
+)
+
+// Device names the TPM a key lives in. Addr is the device path, host:port
+// or socket path; it is empty for DeviceAuto.
+type Device struct {
+	Kind DeviceKind
+	Addr string
+}
+
+// String renders the device as its key URI attribute, or "auto".
+func (d Device) String() string {
+	switch d.Kind {
+	case DeviceChar:
+		return "device=" + d.Addr
+	case DeviceTCP:
+		return "swtpm=" + d.Addr
+	case DeviceUnix:
+		return "socket=" + d.Addr
+	}
+	return "device=auto"
+}
+
+// KeyURI is a parsed tpm: key URI.
+type KeyURI struct {
+	// Path is the key blob file; empty when Handle is set.
+	Path string
+	// Handle is the persistent handle; zero when Path is set.
+	Handle tpm2.TPMHandle
+	// Device is the TPM to use.
+	Device Device
+	// PCRs is the sha256 PCR selection, sorted; PCRsSet says whether the
+	// URI named it (otherwise it is [DefaultPCR]).
+	PCRs    []int
+	PCRsSet bool
+	// Timeout bounds each TPM operation (DefaultTimeout if not named).
+	Timeout time.Duration
+}
+
+// String renders the URI in canonical attribute order. It holds no secret.
+func (u KeyURI) String() string {
+	var parts []string
+	if u.Path != "" {
+		parts = append(parts, "path="+u.Path)
+	} else {
+		parts = append(parts, fmt.Sprintf("handle=0x%08x", uint32(u.Handle)))
+	}
+	if u.Device.Kind != DeviceAuto {
+		parts = append(parts, u.Device.String())
+	}
+	if u.PCRsSet {
+		parts = append(parts, "pcrs="+pcrList(u.PCRs))
+	}
+	if u.Timeout != DefaultTimeout {
+		parts = append(parts, "timeout="+u.Timeout.String())
+	}
+	return Scheme + ":" + strings.Join(parts, ";")
+}
+
+func pcrList(pcrs []int) string {
+	s := make([]string, len(pcrs))
+	for i, p := range pcrs {
+		s[i] = strconv.Itoa(p)
+	}
+	return strings.Join(s, ",")
+}
+
+func uriErr(format string, args ...any) error {
+	return fmt.Errorf("%w: tpm: "+format, append([]any{signer.ErrInvalidURI}, args...)...)
+}
+
+// ParseURI parses a tpm: key URI strictly: see the package documentation
+// for the grammar. Every error wraps signer.ErrInvalidURI.
+func ParseURI(uri string) (KeyURI, error) {
+	rest, ok := strings.CutPrefix(uri, Scheme+":")
+	if !ok {
+		return KeyURI{}, uriErr("URI must start with %q", Scheme+":")
+	}
+	if rest == "" {
+		return KeyURI{}, uriErr("URI names no key (want path=/file.tpmkey or handle=0x81000100)")
+	}
+	u := KeyURI{Timeout: DefaultTimeout, PCRs: []int{DefaultPCR}}
+	seen := map[string]bool{}
+	deviceAttr := ""
+	for _, attr := range strings.Split(rest, ";") {
+		k, v, ok := strings.Cut(attr, "=")
+		if !ok {
+			return KeyURI{}, uriErr("attribute %q is not key=value", attr)
+		}
+		if v == "" {
+			return KeyURI{}, uriErr("attribute %q has an empty value", k)
+		}
+		if seen[k] {
+			return KeyURI{}, uriErr("attribute %q given twice", k)
+		}
+		seen[k] = true
+		for _, r := range v {
+			if r < 0x20 || r == 0x7f {
+				return KeyURI{}, uriErr("attribute %q contains a control character", k)
+			}
+		}
+		switch k {
+		case "path":
+			p, err := absCleanPath(k, v)
+			if err != nil {
+				return KeyURI{}, err
+			}
+			u.Path = p
+		case "handle":
+			h, err := parseHandle(v)
+			if err != nil {
+				return KeyURI{}, err
+			}
+			u.Handle = h
+		case "device", "swtpm", "socket":
+			if deviceAttr != "" {
+				return KeyURI{}, uriErr("attributes %q and %q both name a TPM; give at most one", deviceAttr, k)
+			}
+			deviceAttr = k
+			d, err := parseDevice(k, v)
+			if err != nil {
+				return KeyURI{}, err
+			}
+			u.Device = d
+		case "pcrs":
+			pcrs, err := ParsePCRs(v)
+			if err != nil {
+				return KeyURI{}, err
+			}
+			u.PCRs, u.PCRsSet = pcrs, true
+		case "timeout":
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return KeyURI{}, uriErr("timeout %q: %v", v, err)
+			}
+			if d < minTimeout || d > maxTimeout {
+				return KeyURI{}, uriErr("timeout %v out of range [%v, %v]", d, minTimeout, maxTimeout)
+			}
+			u.Timeout = d
+		default:
+			return KeyURI{}, uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout)", k)
+		}
+	}
+	switch {
+	case u.Path != "" && u.Handle != 0:
+		return KeyURI{}, uriErr("give path= or handle=, not both")
+	case u.Path == "" && u.Handle == 0:
+		return KeyURI{}, uriErr("URI names no key (want path=/file.tpmkey or handle=0x81000100)")
+	}
+	return u, nil
+}
+
+func absCleanPath(attr, p string) (string, error) {
+	if !filepath.IsAbs(p) {
+		return "", uriErr("%s %q is not an absolute path", attr, p)
+	}
+	if filepath.Clean(p) != p {
+		return "", uriErr("%s %q is not clean (want %q)", attr, p, filepath.Clean(p))
+	}
+	return p, nil
+}
+
+func parseHandle(v string) (tpm2.TPMHandle, error) {
+	hex, ok := strings.CutPrefix(v, "0x")
+	if !ok || len(hex) != 8 {
+		return 0, uriErr("handle %q must be 0x followed by 8 hex digits, e.g. 0x81000100", v)
+	}
+	n, err := strconv.ParseUint(hex, 16, 32)
+	if err != nil {
+		return 0, uriErr("handle %q must be 0x followed by 8 hex digits, e.g. 0x81000100", v)
+	}
+	h := tpm2.TPMHandle(n)
+	if h < PersistentMin || h > PersistentMax {
+		return 0, uriErr("handle %q is outside the owner persistent range 0x81000000-0x817fffff", v)
+	}
+	return h, nil
+}
+
+func parseDevice(k, v string) (Device, error) {
+	switch k {
+	case "device":
+		p, err := absCleanPath(k, v)
+		if err != nil {
+			return Device{}, err
+		}
+		return Device{Kind: DeviceChar, Addr: p}, nil
+	case "socket":
+		p, err := absCleanPath(k, v)
+		if err != nil {
+			return Device{}, err
+		}
+		return Device{Kind: DeviceUnix, Addr: p}, nil
+	}
+	host, port, err := net.SplitHostPort(v)
+	if err != nil || host == "" {
+		return Device{}, uriErr("swtpm %q must be host:port", v)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 || strconv.FormatUint(n, 10) != port {
+		return Device{}, uriErr("swtpm %q has an invalid port", v)
+	}
+	return Device{Kind: DeviceTCP, Addr: v}, nil
+}
+
+// ParsePCRs parses a comma-separated list of sha256 PCR indices (0-23), no
+// duplicates, and returns it sorted.
+func ParsePCRs(v string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 || n > MaxPCR || strconv.Itoa(n) != f {
+			return nil, uriErr("pcrs: %q is not a PCR index 0-%d", f, MaxPCR)
+		}
+		if slices.Contains(out, n) {
+			return nil, uriErr("pcrs: PCR %d given twice", n)
+		}
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out, nil
+}

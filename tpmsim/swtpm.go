@@ -1,0 +1,366 @@
+package tpmsim
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm/tpm2/transport"
+
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
+)
+
+// SwtpmOptions configures StartSwtpm.
+type SwtpmOptions struct {
+	// StateDir holds the TPM state; empty means a fresh temporary one.
+	// Two Swtpm with different state dirs are two different TPMs.
+	StateDir string
+	// TCP makes the client socket a TCP listener on 127.0.0.1 (a free
+	// port the harness holds, so there is no port race) instead of a unix
+	// socket.
+	TCP bool
+}
+
+// Swtpm is a real swtpm process for tests. swtpm serves one connection at
+// a time, so clients (the signer under test, a daemon process, the test's
+// own ExtendPCR) reach it through a small in-process relay that forwards
+// whole commands one at a time over a single swtpm connection. When swtpm
+// dies every client connection is closed, as a real TPM's would be.
+type Swtpm struct {
+	tb       testing.TB
+	bin      string
+	stateDir string
+	sockDir  string
+	raw      string // swtpm's own data socket
+	ctrl     string
+	log      string
+
+	ln net.Listener
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	upstream net.Conn
+	gen      int // bumped whenever swtpm (re)starts or the upstream dies
+	clients  map[net.Conn]int
+	closed   bool
+	wg       sync.WaitGroup
+}
+
+// StartSwtpm starts swtpm (swtpm socket --tpm2 ... --flags
+// not-need-init,startup-clear) with its sockets in a fresh directory, waits
+// until it answers, and registers a cleanup that checks for leaked handles
+// and stops it. A missing swtpm skips the test, or fails it when
+// DevicesRequired.
+func StartSwtpm(tb testing.TB, opts SwtpmOptions) *Swtpm {
+	tb.Helper()
+	bin := RequireTool(tb, "swtpm")
+	// Unix socket paths are limited to 108 bytes, which t.TempDir() under
+	// long test names can exceed.
+	sockDir, err := os.MkdirTemp("", "swtpm")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	state := opts.StateDir
+	if state == "" {
+		state = tb.TempDir()
+	}
+	s := &Swtpm{
+		tb: tb, bin: bin, stateDir: state, sockDir: sockDir,
+		raw:     filepath.Join(sockDir, "tpm.sock"),
+		ctrl:    filepath.Join(sockDir, "ctrl.sock"),
+		log:     filepath.Join(sockDir, "swtpm.log"),
+		clients: map[net.Conn]int{},
+	}
+	if opts.TCP {
+		s.ln, err = net.Listen("tcp", "127.0.0.1:0")
+	} else {
+		s.ln, err = net.Listen("unix", filepath.Join(sockDir, "relay.sock"))
+	}
+	if err != nil {
+		os.RemoveAll(sockDir)
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if s.Running() {
+			if c, err := s.dialRelay(); err == nil {
+				CheckNoLeaks(tb, c)
+				c.Close()
+			}
+		}
+		s.Close()
+	})
+	if err := s.start(); err != nil {
+		tb.Fatal(err)
+	}
+	s.wg.Add(1)
+	go s.accept()
+	return s
+}
+
+// Device is the tpm.Device clients use (the relay socket).
+func (s *Swtpm) Device() tpm.Device {
+	if s.ln.Addr().Network() == "tcp" {
+		return tpm.Device{Kind: tpm.DeviceTCP, Addr: s.ln.Addr().String()}
+	}
+	return tpm.Device{Kind: tpm.DeviceUnix, Addr: s.ln.Addr().String()}
+}
+
+// URIAttrs is the key URI attribute naming this TPM, e.g.
+// "socket=/tmp/swtpm123/relay.sock", to append to a tpm: key URI.
+func (s *Swtpm) URIAttrs() string { return s.Device().String() }
+
+// Addr is the relay's address (socket path or 127.0.0.1:port).
+func (s *Swtpm) Addr() string { return s.ln.Addr().String() }
+
+// RawSocket is swtpm's own data socket. Only one client can use it at a
+// time and the relay holds it while any relay client is active; it is
+// for benchmarks that want no relay in the path.
+func (s *Swtpm) RawSocket() string { return s.raw }
+
+// StateDir is the TPM state directory.
+func (s *Swtpm) StateDir() string { return s.stateDir }
+
+// Dial implements tpm.DialFunc: a connection through the relay.
+func (s *Swtpm) Dial(ctx context.Context, _ tpm.Device) (transport.TPMCloser, error) {
+	return Dial(ctx, s.Device())
+}
+
+func (s *Swtpm) dialRelay() (transport.TPMCloser, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.Dial(ctx, s.Device())
+}
+
+// ExtendPCR extends sha256 PCR idx with SHA-256(data), failing tb on error.
+func (s *Swtpm) ExtendPCR(tb testing.TB, idx int, data []byte) {
+	tb.Helper()
+	c, err := s.dialRelay()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer c.Close()
+	if err := ExtendPCR(c, idx, data); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// CheckNoLeaks fails tb if swtpm holds transient objects or sessions.
+func (s *Swtpm) CheckNoLeaks(tb testing.TB) {
+	tb.Helper()
+	c, err := s.dialRelay()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer c.Close()
+	CheckNoLeaks(tb, c)
+}
+
+func (s *Swtpm) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	os.Remove(s.raw)
+	os.Remove(s.ctrl)
+	cmd := exec.Command(s.bin, "socket", "--tpm2",
+		"--tpmstate", "dir="+s.stateDir,
+		"--server", "type=unixio,path="+s.raw,
+		"--ctrl", "type=unixio,path="+s.ctrl,
+		"--flags", "not-need-init,startup-clear",
+		"--log", "file="+s.log)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start swtpm: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	s.cmd, s.exited = cmd, exited
+	s.gen++
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(s.raw); err == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(s.log)
+			return fmt.Errorf("swtpm exited at start: %s", log)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			return errors.New("swtpm did not create its socket within 10s")
+		}
+	}
+}
+
+// Running reports whether the swtpm process is up.
+func (s *Swtpm) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return false
+	}
+	select {
+	case <-s.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Kill SIGKILLs swtpm and closes every client connection, as if the TPM
+// vanished. The state directory survives.
+func (s *Swtpm) Kill() {
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.cmd = nil
+	s.dropUpstreamLocked()
+	s.mu.Unlock()
+	if cmd != nil {
+		cmd.Process.Kill()
+		<-exited
+	}
+}
+
+// Restart starts swtpm again with the same state: persistent objects and
+// the SRK seed survive; PCRs are reset (startup-clear).
+func (s *Swtpm) Restart(tb testing.TB) {
+	tb.Helper()
+	s.Kill()
+	if err := s.start(); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// Close stops swtpm and the relay and removes the socket directory.
+func (s *Swtpm) Close() error {
+	s.Kill()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	err := s.ln.Close()
+	s.wg.Wait()
+	os.RemoveAll(s.sockDir)
+	return err
+}
+
+// dropUpstreamLocked closes the swtpm connection and every client of it.
+func (s *Swtpm) dropUpstreamLocked() {
+	if s.upstream != nil {
+		s.upstream.Close()
+		s.upstream = nil
+	}
+	s.gen++
+	for c := range s.clients {
+		c.Close()
+	}
+}
+
+func (s *Swtpm) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.clients[c] = s.gen
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go s.serve(c)
+	}
+}
+
+// serve relays one client's commands, one whole command and response at a
+// time.
+func (s *Swtpm) serve(c net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.clients, c)
+		if len(s.clients) == 0 && s.upstream != nil {
+			// Free swtpm's single connection for RawSocket users.
+			s.upstream.Close()
+			s.upstream = nil
+		}
+		s.mu.Unlock()
+		c.Close()
+	}()
+	for {
+		cmd, err := readFrame(c)
+		if err != nil {
+			return
+		}
+		rsp, ok := s.forward(c, cmd)
+		if !ok {
+			return
+		}
+		if _, err := c.Write(rsp); err != nil {
+			return
+		}
+	}
+}
+
+func (s *Swtpm) forward(c net.Conn, cmd []byte) ([]byte, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen, ok := s.clients[c]; !ok || gen != s.gen || s.cmd == nil {
+		return nil, false // swtpm restarted or is down since this client connected
+	}
+	if s.upstream == nil {
+		u, err := net.DialTimeout("unix", s.raw, 5*time.Second)
+		if err != nil {
+			return nil, false
+		}
+		s.upstream = u
+	}
+	s.upstream.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := s.upstream.Write(cmd); err != nil {
+		s.dropUpstreamLocked()
+		return nil, false
+	}
+	rsp, err := readFrame(s.upstream)
+	if err != nil {
+		s.dropUpstreamLocked()
+		return nil, false
+	}
+	return rsp, true
+}
+
+// readFrame reads one TPM command or response: a 10-byte header whose
+// bytes 2-5 are the total size, then the rest.
+func readFrame(r io.Reader) ([]byte, error) {
+	var hdr [10]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	size := binary.BigEndian.Uint32(hdr[2:6])
+	if size < 10 || size > 1<<16 {
+		return nil, fmt.Errorf("bad TPM frame size %d", size)
+	}
+	buf := make([]byte, size)
+	copy(buf, hdr[:])
+	if _, err := io.ReadFull(r, buf[10:]); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
