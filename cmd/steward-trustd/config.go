@@ -23,21 +23,25 @@ type setting struct {
 	secret bool
 }
 
-var settings = []setting{
-	{"port", "TRUSTD_PORT", "TCP port of the SecurityService (Talos workers always dial 50001)", false},
-	{"listen-address", "TRUSTD_LISTEN_ADDRESS", "IP address to listen on (default: all addresses)", false},
-	{"tenant", "TRUSTD_TENANT", "tenant (cluster) name recorded in logs and audit lines", false},
-	{"token", "TRUSTD_TOKEN", "worker token (machine.token); prefer the token file in the cert dir", true},
-	{"os-ca-crt", "TRUSTD_OS_CA_CRT", "base64 PEM of the OS CA certificate (default: <cert-dir>/os-ca.crt)", false},
-	{"os-ca-key", "TRUSTD_OS_CA_KEY", "base64 PEM of the OS CA key, held in memory (file signer only; prefer --signer)", true},
-	{"server-crt", "TRUSTD_SERVER_CRT", "base64 PEM of the serving certificate (default: <cert-dir>/server.crt, else self-issued)", false},
-	{"server-key", "TRUSTD_SERVER_KEY", "base64 PEM of the serving key (default: <cert-dir>/server.key)", true},
-	{"cert-dir", "TRUSTD_CERT_DIR", "directory with os-ca.crt, os-ca.key, server.crt, server.key, token, accepted-cas.crt", false},
-	{"signer", "TRUSTD_SIGNER", "OS CA key URI: file:/path, tpm:..., pkcs11:... (default: file:<cert-dir>/os-ca.key)", false},
-	{"cert-sans", "TRUSTD_CERT_SANS", "comma-separated extra IPs/DNS names for the self-issued serving certificate", false},
-	{"allowed-san-cidrs", "TRUSTD_ALLOWED_SAN_CIDRS", "comma-separated CIDRs; every IP SAN requested must fall inside one (default: no restriction)", false},
-	{"require-peer-ip", "TRUSTD_REQUIRE_PEER_IP", "require the caller's address to be one of the requested IP SANs (true/false)", false},
-	{"debug", "TRUSTD_DEBUG", "debug logging (true/false)", false},
+// settings lists every configuration value; a function, so the table
+// cannot be mutated.
+func settings() []setting {
+	return []setting{
+		{"port", "TRUSTD_PORT", "TCP port of the SecurityService (Talos workers always dial 50001)", false},
+		{"listen-address", "TRUSTD_LISTEN_ADDRESS", "IP address to listen on (default: all addresses)", false},
+		{"tenant", "TRUSTD_TENANT", "tenant (cluster) name recorded in logs and audit lines", false},
+		{"token", "TRUSTD_TOKEN", "worker token (machine.token); prefer the token file in the cert dir", true},
+		{"os-ca-crt", "TRUSTD_OS_CA_CRT", "base64 PEM of the OS CA certificate (default: <cert-dir>/os-ca.crt)", false},
+		{"os-ca-key", "TRUSTD_OS_CA_KEY", "base64 PEM of the OS CA key, held in memory (file signer only; prefer --signer)", true},
+		{"server-crt", "TRUSTD_SERVER_CRT", "base64 PEM of the serving certificate (default: <cert-dir>/server.crt, else self-issued)", false},
+		{"server-key", "TRUSTD_SERVER_KEY", "base64 PEM of the serving key (default: <cert-dir>/server.key)", true},
+		{"cert-dir", "TRUSTD_CERT_DIR", "directory with os-ca.crt, os-ca.key, server.crt, server.key, token, accepted-cas.crt", false},
+		{"signer", "TRUSTD_SIGNER", "OS CA key URI: file:/path, tpm:..., pkcs11:... (default: file:<cert-dir>/os-ca.key)", false},
+		{"cert-sans", "TRUSTD_CERT_SANS", "comma-separated extra IPs/DNS names for the self-issued serving certificate", false},
+		{"allowed-san-cidrs", "TRUSTD_ALLOWED_SAN_CIDRS", "comma-separated CIDRs; every IP SAN requested must fall inside one (default: no restriction)", false},
+		{"require-peer-ip", "TRUSTD_REQUIRE_PEER_IP", "require the caller's address to be one of the requested IP SANs (true/false)", false},
+		{"debug", "TRUSTD_DEBUG", "debug logging (true/false)", false},
+	}
 }
 
 const defaultCertDir = "/etc/steward-trustd/certs"
@@ -46,7 +50,7 @@ const defaultCertDir = "/etc/steward-trustd/certs"
 // purpose: a default taken from the environment would print secrets in
 // --help.
 func registerFlags(fs *pflag.FlagSet) {
-	for _, s := range settings {
+	for _, s := range settings() {
 		fs.String(s.flag, "", fmt.Sprintf("%s [$%s]", s.usage, s.env))
 	}
 }
@@ -56,7 +60,7 @@ type lookup func(name string) (string, bool)
 
 func resolve(fs *pflag.FlagSet, getenv func(string) (string, bool)) lookup {
 	byFlag := map[string]setting{}
-	for _, s := range settings {
+	for _, s := range settings() {
 		byFlag[s.flag] = s
 	}
 	return func(name string) (string, bool) {
@@ -97,7 +101,7 @@ func (e *configError) Error() string {
 }
 
 func settingByFlag(name string) setting {
-	for _, s := range settings {
+	for _, s := range settings() {
 		if s.flag == name {
 			return s
 		}

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -28,9 +29,15 @@ func run() int {
 		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Args:          cobra.NoArgs,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return &usageError{err: fmt.Errorf("unexpected argument %q: steward-trustd takes flags only", args[0])}
+			}
+			return nil
+		},
 	}
 	registerFlags(cmd.Flags())
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err: err} })
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		cfg, err := loadConfig(resolve(cmd.Flags(), os.LookupEnv))
 		if err != nil {
@@ -42,7 +49,18 @@ func run() int {
 	}
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, "steward-trustd:", err)
+		var cfgErr *configError
+		var useErr *usageError
+		if errors.As(err, &cfgErr) || errors.As(err, &useErr) {
+			return 2
+		}
 		return 1
 	}
 	return 0
 }
+
+// usageError is a bad command line: exit status 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"encoding/base64"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+func TestLoadConfig(t *testing.T) {
+	b64 := base64.StdEncoding.EncodeToString([]byte("pem"))
+	cases := []struct {
+		name    string
+		env     map[string]string
+		flags   []string
+		wantErr string // names the setting at fault
+		check   func(t *testing.T, c *config)
+	}{
+		{name: "defaults", check: func(t *testing.T, c *config) {
+			if c.listen != ":50001" || c.signer != "file:///etc/steward-trustd/certs/os-ca.key" {
+				t.Fatalf("listen %q signer %q", c.listen, c.signer)
+			}
+		}},
+		{name: "env", env: map[string]string{"TRUSTD_PORT": "6000", "TRUSTD_LISTEN_ADDRESS": "::1", "TRUSTD_CERT_DIR": "/x/", "TRUSTD_ALLOWED_SAN_CIDRS": "10.0.0.1/8, fd00::/8", "TRUSTD_REQUIRE_PEER_IP": "true"},
+			check: func(t *testing.T, c *config) {
+				if c.listen != "[::1]:6000" || c.signer != "file:///x/os-ca.key" || len(c.allowed) != 2 || c.allowed[0].String() != "10.0.0.0/8" || !c.peerIP {
+					t.Fatalf("%+v", c)
+				}
+			}},
+		{name: "flag wins over env", env: map[string]string{"TRUSTD_PORT": "6000"}, flags: []string{"--port=7000"},
+			check: func(t *testing.T, c *config) {
+				if c.listen != ":7000" {
+					t.Fatalf("listen %q", c.listen)
+				}
+			}},
+		{name: "bad port", env: map[string]string{"TRUSTD_PORT": "70000"}, wantErr: "TRUSTD_PORT"},
+		{name: "bad listen", env: map[string]string{"TRUSTD_LISTEN_ADDRESS": "example.com"}, wantErr: "TRUSTD_LISTEN_ADDRESS"},
+		{name: "bad bool", env: map[string]string{"TRUSTD_DEBUG": "yes please"}, wantErr: "TRUSTD_DEBUG"},
+		{name: "bad cidr", env: map[string]string{"TRUSTD_ALLOWED_SAN_CIDRS": "10.0.0.0/33"}, wantErr: "TRUSTD_ALLOWED_SAN_CIDRS"},
+		{name: "bad base64", env: map[string]string{"TRUSTD_OS_CA_KEY": "%%%secret%%%"}, wantErr: "TRUSTD_OS_CA_KEY"},
+		{name: "crt without key", env: map[string]string{"TRUSTD_SERVER_CRT": b64}, wantErr: "TRUSTD_SERVER_KEY"},
+		{name: "inline key and signer", env: map[string]string{"TRUSTD_OS_CA_KEY": b64, "TRUSTD_SIGNER": "tpm:handle=0x81000100"}, wantErr: "TRUSTD_OS_CA_KEY"},
+		{name: "inline key", env: map[string]string{"TRUSTD_OS_CA_KEY": b64}, check: func(t *testing.T, c *config) {
+			if c.signer != "" || string(c.inlineCA) != "pem" {
+				t.Fatalf("signer %q inline %q", c.signer, c.inlineCA)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+			registerFlags(fs)
+			if err := fs.Parse(tc.flags); err != nil {
+				t.Fatal(err)
+			}
+			getenv := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+			c, err := loadConfig(resolve(fs, getenv))
+			if tc.wantErr != "" {
+				var ce *configError
+				if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want a config error naming %s", err, tc.wantErr)
+				}
+				if strings.Contains(err.Error(), "secret") {
+					t.Fatal("error echoes the value")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}

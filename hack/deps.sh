@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the system packages the tests and run-local need: swtpm (TPM
+# simulator), SoftHSMv2 (PKCS#11 token), tpm2-tools, and libssl-dev (cgo
+# for the in-process TPM simulator). As root it runs apt-get; otherwise it
+# says exactly what to run.
+set -euo pipefail
+pkgs=(swtpm swtpm-tools softhsm2 tpm2-tools libssl-dev gcc)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing packages: ${missing[*]}" >&2
+  echo "run as root: apt-get update && apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing: ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}" >/dev/null
