@@ -1,0 +1,63 @@
+package pkcs11
+
+import (
+	"errors"
+	"fmt"
+
+	p11 "github.com/miekg/pkcs11"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+// deviceLost reports whether err means the session, the login, the token
+// or the module is gone, so the session must not be reused and the signer
+// has to re-open (PKCS#11 v2.40 §5.1 return values).
+func deviceLost(err error) bool {
+	var rv p11.Error
+	if !errors.As(err, &rv) {
+		return false
+	}
+	switch rv {
+	case p11.CKR_SESSION_HANDLE_INVALID, p11.CKR_SESSION_CLOSED,
+		p11.CKR_DEVICE_REMOVED, p11.CKR_DEVICE_ERROR,
+		p11.CKR_TOKEN_NOT_PRESENT, p11.CKR_TOKEN_NOT_RECOGNIZED,
+		p11.CKR_SLOT_ID_INVALID,
+		p11.CKR_USER_NOT_LOGGED_IN,
+		p11.CKR_CRYPTOKI_NOT_INITIALIZED,
+		// The key object vanished: the token was removed or
+		// re-initialised under us (SoftHSM reports this when its token
+		// directory goes away).
+		p11.CKR_OBJECT_HANDLE_INVALID, p11.CKR_KEY_HANDLE_INVALID:
+		return true
+	}
+	return false
+}
+
+// authFailed reports whether err is the token refusing the PIN. Such an
+// error is never retried: tokens lock after a few failed logins.
+func authFailed(err error) bool {
+	var rv p11.Error
+	if !errors.As(err, &rv) {
+		return false
+	}
+	switch rv {
+	case p11.CKR_PIN_INCORRECT, p11.CKR_PIN_LOCKED, p11.CKR_PIN_INVALID,
+		p11.CKR_PIN_LEN_RANGE, p11.CKR_PIN_EXPIRED:
+		return true
+	}
+	return false
+}
+
+// wrap adds context and the signer sentinel that matches err, keeping the
+// pkcs11.Error in the chain: errors.Is(err, p11.Error(p11.CKR_...)) works.
+func wrap(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case deviceLost(err):
+		return fmt.Errorf("pkcs11 %s: %w: %w", op, signer.ErrDeviceUnavailable, err)
+	case authFailed(err):
+		return fmt.Errorf("pkcs11 %s: %w: %w", op, signer.ErrAuthentication, err)
+	}
+	return fmt.Errorf("pkcs11 %s: %w", op, err)
+}
