@@ -173,58 +173,88 @@ func CheckAbsent(d Dir, files []File) error {
 // was. A crash of the whole process between two writes cannot be undone
 // this way; ceremonies detect such a partial set on the next run.
 func WriteSet(d Dir, files []File, overwrite bool) error {
-	if !overwrite {
-		if err := CheckAbsent(d, files); err != nil {
-			return err
+	placed := make([]Placed, len(files))
+	for i, f := range files {
+		placed[i] = Placed{Dir: d, File: f, Overwrite: overwrite}
+	}
+	return WritePlaced(placed)
+}
+
+// Placed is a File in a given Dir, with its own overwrite permission.
+type Placed struct {
+	Dir       Dir
+	File      File
+	Overwrite bool
+}
+
+// WritePlaced is WriteSet for files spread over several directories (an
+// output file and the receipt that records it).
+func WritePlaced(files []Placed) error {
+	var present []string
+	for _, p := range files {
+		if p.Overwrite || p.File.Remove {
+			continue
+		}
+		ok, err := p.Dir.Exists(p.File.Name)
+		if err != nil {
+			return fmt.Errorf("check %s: %w", p.Dir.Path(p.File.Name), err)
+		}
+		if ok {
+			present = append(present, p.Dir.Path(p.File.Name))
 		}
 	}
+	if len(present) > 0 {
+		return fmt.Errorf("%w: %s", ErrExists, strings.Join(present, ", "))
+	}
 	type backup struct {
-		name string
 		data []byte
 		had  bool
 		mode fs.FileMode
 	}
 	backups := make([]backup, 0, len(files))
-	for _, f := range files {
-		b := backup{name: f.Name, mode: f.Mode}
-		data, err := d.ReadFile(f.Name)
+	for _, p := range files {
+		b := backup{mode: p.File.Mode}
+		data, err := p.Dir.ReadFile(p.File.Name)
 		switch {
 		case err == nil:
 			b.data, b.had = data, true
+			if b.mode == 0 {
+				b.mode = 0o600
+			}
 		case errors.Is(err, fs.ErrNotExist):
 		default:
-			return fmt.Errorf("read %s before replacing it: %w", d.Path(f.Name), err)
+			return fmt.Errorf("read %s before replacing it: %w", p.Dir.Path(p.File.Name), err)
 		}
 		backups = append(backups, b)
 	}
 	rollback := func(done int) error {
 		var errs []error
 		for i := done - 1; i >= 0; i-- {
-			b := backups[i]
+			p, b := files[i], backups[i]
 			var err error
 			if b.had {
-				err = d.WriteFile(b.name, b.data, b.mode, true)
+				err = p.Dir.WriteFile(p.File.Name, b.data, b.mode, true)
 			} else {
-				err = d.Remove(b.name)
+				err = p.Dir.Remove(p.File.Name)
 			}
 			if err != nil {
-				errs = append(errs, fmt.Errorf("roll back %s: %w", d.Path(b.name), err))
+				errs = append(errs, fmt.Errorf("roll back %s: %w", p.Dir.Path(p.File.Name), err))
 			}
 		}
 		return errors.Join(errs...)
 	}
-	for i, f := range files {
+	for i, p := range files {
 		var err error
-		if f.Remove {
-			err = d.Remove(f.Name)
+		if p.File.Remove {
+			err = p.Dir.Remove(p.File.Name)
 		} else {
-			err = d.WriteFile(f.Name, f.Data, f.Mode, overwrite)
+			err = p.Dir.WriteFile(p.File.Name, p.File.Data, p.File.Mode, p.Overwrite)
 		}
 		if err != nil {
 			if rbErr := rollback(i); rbErr != nil {
-				return fmt.Errorf("write %s: %w (and the roll back failed: %w)", d.Path(f.Name), err, rbErr)
+				return fmt.Errorf("write %s: %w (and the roll back failed: %w)", p.Dir.Path(p.File.Name), err, rbErr)
 			}
-			return fmt.Errorf("write %s: %w (no file was changed)", d.Path(f.Name), err)
+			return fmt.Errorf("write %s: %w (no file was changed)", p.Dir.Path(p.File.Name), err)
 		}
 	}
 	return nil

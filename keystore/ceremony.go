@@ -1,0 +1,326 @@
+package keystore
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"strings"
+	"time"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+// Keys opens and creates CA keys by key URI. *signer.Registry implements
+// it; keystore never opens a device itself.
+type Keys interface {
+	Open(ctx context.Context, uri string) (signer.Signer, error)
+	Generate(ctx context.Context, uri string, alg signer.Algorithm) (signer.Signer, error)
+	Import(ctx context.Context, uri string, key crypto.Signer) (signer.Signer, error)
+}
+
+// PolicyChecker is implemented by signers whose key carries a use policy
+// (the TPM backend: a PCR policy). CheckPolicy reports whether the device
+// would let the key be used now, wrapping signer.ErrPolicyNotSatisfied if
+// not.
+type PolicyChecker interface {
+	CheckPolicy(ctx context.Context) error
+}
+
+// Ceremony runs the OS CA key lifecycle operations. Every operation
+// appends a Receipt under DirReceipts.
+type Ceremony struct {
+	// Keys opens and creates keys by URI.
+	Keys Keys
+	// Clock is the time source; nil means time.Now.
+	Clock func() time.Time
+	// Rand supplies serial numbers, tokens and locally generated keys.
+	Rand io.Reader
+	// Version is recorded in receipts.
+	Version string
+}
+
+// Outcome is what an operation did, for the user.
+type Outcome struct {
+	// Receipt is the receipt written (zero if nothing was written).
+	Receipt Receipt
+	// Written lists the paths written or removed.
+	Written []string
+	// Resumed lists steps an earlier, interrupted run had already done.
+	Resumed []string
+	// AlreadyDone is true when the operation was complete already and
+	// nothing was written.
+	AlreadyDone bool
+	// Notes are instructions for the operator.
+	Notes []string
+}
+
+func (c *Ceremony) now() time.Time {
+	if c.Clock == nil {
+		return time.Now()
+	}
+	return c.Clock()
+}
+
+func (c *Ceremony) check() error {
+	if c.Keys == nil || c.Rand == nil {
+		return errors.New("ceremony: Keys and Rand are required")
+	}
+	return nil
+}
+
+// algorithmHint explains an algorithm a backend refused.
+func algorithmHint(uri string, alg signer.Algorithm) string {
+	if alg == signer.Ed25519 && strings.HasPrefix(uri, "tpm:") {
+		return "a TPM 2.0 cannot hold Ed25519 keys: create an ECDSA P-256 CA (--algorithm p256, accepted by every Talos version because the certificate signature follows the CA key), or keep Ed25519 in a PKCS#11 HSM that supports CKM_EDDSA"
+	}
+	return "choose another --algorithm; p256 works on every TPM and HSM"
+}
+
+// generateOrResume creates a key at uri and records that in a receipt of
+// operation op before anything else can fail. If the key exists already, it
+// is reused only when a receipt of op for that very key shows that an
+// earlier run of this ceremony created it (an interrupted run); any other
+// existing key is refused, never reused or replaced.
+func (c *Ceremony) generateOrResume(ctx context.Context, d Dir, uri string, alg signer.Algorithm, op string) (signer.Signer, bool, error) {
+	s, err := c.Keys.Generate(ctx, uri, alg)
+	if err == nil {
+		r := newReceipt(op, c.Version, c.now(), s.Describe())
+		r.Details = map[string]string{"algorithm": string(alg)}
+		f, ferr := receiptFile(d, r, c.Rand)
+		if ferr == nil {
+			ferr = WriteSet(d, []File{f}, false)
+		}
+		if ferr != nil {
+			s.Close()
+			return nil, false, fmt.Errorf("the key was created on the device (fingerprint %s, %s) but its receipt could not be written, so a re-run cannot tell it is ours: %w", r.KeyFingerprint, r.KeyLocation, ferr)
+		}
+		return s, false, nil
+	}
+	if errors.Is(err, signer.ErrUnsupportedAlgorithm) {
+		return nil, false, fmt.Errorf("create key: %w (%s)", err, algorithmHint(uri, alg))
+	}
+	if !errors.Is(err, signer.ErrKeyExists) {
+		return nil, false, fmt.Errorf("create key: %w", err)
+	}
+	s, oerr := c.Keys.Open(ctx, uri)
+	if oerr != nil {
+		return nil, false, fmt.Errorf("a key exists at the signer URI but cannot be opened: %w", oerr)
+	}
+	fp := s.Describe().Fingerprint
+	rc, rerr := findReceipt(d, op, fp)
+	if rerr != nil {
+		s.Close()
+		return nil, false, rerr
+	}
+	if rc == nil {
+		s.Close()
+		return nil, false, fmt.Errorf("%w: a key (fingerprint %s) already exists at the signer URI and %s holds no %q receipt for it, so this ceremony did not create it; choose another key location, or bring an existing CA key in with `import`",
+			signer.ErrKeyExists, fp, d.Path(DirReceipts), op)
+	}
+	if got := s.Describe().Algorithm; !strings.EqualFold(strings.ReplaceAll(got, "-", ""), algName(alg)) {
+		s.Close()
+		return nil, false, fmt.Errorf("%w: the key an earlier run created is %s, not %s", signer.ErrKeyExists, got, alg)
+	}
+	return s, true, nil
+}
+
+// algName maps an Algorithm to signer.AlgorithmName without the dash.
+func algName(a signer.Algorithm) string {
+	switch a {
+	case signer.ECDSAP256:
+		return "ecdsap256"
+	case signer.ECDSAP384:
+		return "ecdsap384"
+	case signer.RSA2048:
+		return "rsa2048"
+	case signer.RSA3072:
+		return "rsa3072"
+	case signer.RSA4096:
+		return "rsa4096"
+	case signer.Ed25519:
+		return "ed25519"
+	}
+	return string(a)
+}
+
+// readOptional reads name from d; a missing file is (nil, nil).
+func readOptional(d Dir, name string) ([]byte, error) {
+	b, err := d.ReadFile(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", d.Path(name), err)
+	}
+	return b, nil
+}
+
+// TrustBundle returns the CAs the daemon serving d returns in the `ca`
+// field: os-ca.crt followed by accepted-cas.crt, without duplicates.
+func TrustBundle(d Dir) ([]*x509.Certificate, error) {
+	data, err := d.ReadFile(FileCACert)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", d.Path(FileCACert), err)
+	}
+	ca, err := ParseCertificate(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", d.Path(FileCACert), err)
+	}
+	acc, err := readAccepted(d)
+	if err != nil {
+		return nil, err
+	}
+	return dedupe(append([]*x509.Certificate{ca}, acc...)), nil
+}
+
+func readAccepted(d Dir) ([]*x509.Certificate, error) {
+	data, err := readOptional(d, FileAcceptedCAs)
+	if err != nil || data == nil {
+		return nil, err
+	}
+	certs, err := ParseCertificates(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", d.Path(FileAcceptedCAs), err)
+	}
+	return certs, nil
+}
+
+func dedupe(certs []*x509.Certificate) []*x509.Certificate {
+	var out []*x509.Certificate
+	for _, c := range certs {
+		dup := false
+		for _, o := range out {
+			if bytes.Equal(o.Raw, c.Raw) {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func without(certs []*x509.Certificate, drop ...*x509.Certificate) []*x509.Certificate {
+	var out []*x509.Certificate
+	for _, c := range certs {
+		keep := true
+		for _, d := range drop {
+			if d != nil && bytes.Equal(c.Raw, d.Raw) {
+				keep = false
+			}
+		}
+		if keep {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// clusterFiles builds the cluster-level outputs derived from the CA state:
+// os-ca.crt, token, accepted-cas.crt (or its removal), the Kubernetes
+// Secret (the daemon's cert dir without any CA key; server.crt/server.key
+// included when given) and the worker patch.
+func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certificate, token string, server map[string][]byte) ([]File, error) {
+	if cluster == "" {
+		cluster = "talos"
+	}
+	caPEM := EncodeCertificates(ca)
+	content := map[string][]byte{FileCACert: caPEM, FileToken: []byte(token)}
+	files := []File{
+		{Name: FileCACert, Data: caPEM, Mode: 0o644},
+		{Name: FileToken, Data: []byte(token), Mode: 0o600},
+	}
+	if len(accepted) > 0 {
+		acc := EncodeCertificates(accepted...)
+		content[FileAcceptedCAs] = acc
+		files = append(files, File{Name: FileAcceptedCAs, Data: acc, Mode: 0o644})
+	} else {
+		files = append(files, File{Name: FileAcceptedCAs, Remove: true})
+	}
+	for n, b := range server {
+		content[n] = b
+	}
+	secret, err := KubernetesSecret(cluster, content)
+	if err != nil {
+		return nil, err
+	}
+	patch, err := WorkerPatch(token, ca, accepted)
+	if err != nil {
+		return nil, err
+	}
+	return append(files,
+		File{Name: FileWorkerPatch, Data: patch, Mode: 0o600},
+		File{Name: FileKubernetesSecret, Data: secret, Mode: 0o600},
+	), nil
+}
+
+// serverFiles returns server.crt and server.key from d if both exist.
+func serverFiles(d Dir) (map[string][]byte, error) {
+	crt, err := readOptional(d, FileServerCert)
+	if err != nil {
+		return nil, err
+	}
+	key, err := readOptional(d, FileServerKey)
+	if err != nil {
+		return nil, err
+	}
+	if crt == nil || key == nil {
+		return nil, nil
+	}
+	return map[string][]byte{FileServerCert: crt, FileServerKey: key}, nil
+}
+
+// paths lists the written files (removals are listed in the receipt).
+func paths(d Dir, files []File) []string {
+	var out []string
+	for _, f := range files {
+		if !f.Remove {
+			out = append(out, d.Path(f.Name))
+		}
+	}
+	return out
+}
+
+func certReceipt(r *Receipt, c *x509.Certificate) {
+	r.CertificateFingerprint = CertFingerprint(c)
+	r.CertificateSubject = c.Subject.String()
+	r.CertificateSerial = c.SerialNumber.Text(16)
+	r.CertificateNotAfter = c.NotAfter.UTC()
+}
+
+// VerifyDeviceSignature has s sign a fresh challenge and checks the
+// signature against pub (the certificate's key), proving that the device
+// holds the private half of pub and will use it.
+func VerifyDeviceSignature(s crypto.Signer, pub crypto.PublicKey, r io.Reader) error {
+	msg := make([]byte, 32)
+	if _, err := io.ReadFull(r, msg); err != nil {
+		return fmt.Errorf("challenge: %w", err)
+	}
+	msg = append([]byte("steward-trustd key ceremony check "), msg...)
+	var (
+		sig []byte
+		err error
+	)
+	if _, ok := pub.(ed25519.PublicKey); ok {
+		sig, err = s.Sign(r, msg, crypto.Hash(0))
+	} else {
+		sum := sha256.Sum256(msg)
+		sig, err = s.Sign(r, sum[:], crypto.SHA256)
+	}
+	if err != nil {
+		return fmt.Errorf("sign a test message on the device: %w", err)
+	}
+	if err := verifySignature(pub, msg, sig); err != nil {
+		return fmt.Errorf("the device's test signature does not verify with the certificate's key: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package keystore
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+func TestParseRoles(t *testing.T) {
+	tests := []struct {
+		in      []string
+		want    string
+		wantErr string
+	}{
+		{[]string{"os:admin"}, "os:admin", ""},
+		{[]string{" os:reader ", "os:operator", "os:reader"}, "os:operator,os:reader", ""},
+		{[]string{"os:etcd:backup"}, "os:etcd:backup", ""},
+		{nil, "", "no role"},
+		{[]string{"", " "}, "", "no role"},
+		{[]string{"os:admin", "admin"}, "", "unknown role"},
+		{[]string{"os:impersonator"}, "", "proxies only"},
+	}
+	for _, tt := range tests {
+		got, err := ParseRoles(tt.in)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("ParseRoles(%q) err = %v, want %q", tt.in, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || strings.Join(got, ",") != tt.want {
+			t.Errorf("ParseRoles(%q) = %v, %v; want %s", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func TestSerialNumber(t *testing.T) {
+	for _, src := range [][]byte{bytes.Repeat([]byte{0xff}, 16), make([]byte, 16)} {
+		n, err := SerialNumber(bytes.NewReader(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Sign() <= 0 || n.BitLen() != 127 {
+			t.Errorf("serial from %x: %x (%d bits)", src, n, n.BitLen())
+		}
+	}
+	if _, err := SerialNumber(bytes.NewReader(nil)); err == nil {
+		t.Error("short randomness accepted")
+	}
+}
+
+func TestProfiles(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := NewCACertificate(key, CAOptions{Cluster: "c"}, now, rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ca.NotAfter.Sub(now) != DefaultCAValidity || len(ca.ExtKeyUsage) != 2 || !ca.IsCA || !ca.BasicConstraintsValid {
+		t.Errorf("CA: notAfter %v eku %v", ca.NotAfter, ca.ExtKeyUsage)
+	}
+	if _, err := NewCACertificate(key, CAOptions{Validity: -time.Hour}, now, rand.Reader); err == nil {
+		t.Error("negative validity accepted")
+	}
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	srv, err := NewServingCertificate(ca, key, leafKey.Public(), []string{"10.0.0.1", "API.example.com"}, 0, now, rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(srv.ExtKeyUsage) != 1 || srv.ExtKeyUsage[0] != x509.ExtKeyUsageServerAuth || srv.IsCA || srv.DNSNames[0] != "api.example.com" || len(srv.IPAddresses) != 1 {
+		t.Errorf("serving profile %v %v %v", srv.ExtKeyUsage, srv.DNSNames, srv.IPAddresses)
+	}
+	for _, bad := range [][]string{nil, {"bad host"}, {"-x.example"}} {
+		if _, err := NewServingCertificate(ca, key, leafKey.Public(), bad, 0, now, rand.Reader); err == nil {
+			t.Errorf("hosts %q accepted", bad)
+		}
+	}
+	cl, err := NewClientCertificate(ca, key, leafKey.Public(), "", []string{"os:admin"}, 100*365*24*time.Hour, now, rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cl.NotAfter.Equal(ca.NotAfter) {
+		t.Errorf("client certificate outlives its CA: %v > %v", cl.NotAfter, ca.NotAfter)
+	}
+	if cl.Subject.CommonName != "talosctl" || len(cl.ExtKeyUsage) != 1 || cl.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
+		t.Errorf("client profile %v %v", cl.Subject, cl.ExtKeyUsage)
+	}
+	if _, err := NewClientCertificate(ca, key, leafKey.Public(), "", nil, 0, now, rand.Reader); err == nil {
+		t.Error("empty role set accepted")
+	}
+}
+
+func TestWithPCRs(t *testing.T) {
+	tests := []struct {
+		uri, pcrs, want, wantErr string
+	}{
+		{"tpm:path=/k.tpmkey", "7,11", "tpm:path=/k.tpmkey;pcrs=7,11", ""},
+		{"tpm:path=/k.tpmkey", "11,7,7", "tpm:path=/k.tpmkey;pcrs=7,11", ""},
+		{"tpm:path=/k.tpmkey;pcrs=7,11", "11,7", "tpm:path=/k.tpmkey;pcrs=7,11", ""},
+		{"tpm:path=/k.tpmkey;pcrs=7", "7,11", "", "already selects"},
+		{"file:/k.key", "7", "", "only applies to tpm"},
+	}
+	for _, tt := range tests {
+		pcrs, err := ParsePCRList(tt.pcrs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := WithPCRs(tt.uri, pcrs)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errorsIs(err, signer.ErrInvalidURI) {
+				t.Errorf("WithPCRs(%q, %s) err = %v", tt.uri, tt.pcrs, err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("WithPCRs(%q, %s) = %q, %v; want %q", tt.uri, tt.pcrs, got, err, tt.want)
+		}
+	}
+	for _, bad := range []string{"", "24", "-1", "x", "7,,11"} {
+		if _, err := ParsePCRList(bad); err == nil {
+			t.Errorf("ParsePCRList(%q) accepted", bad)
+		}
+	}
+}
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }

@@ -1,0 +1,32 @@
+package keystore
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rsa"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+)
+
+// verifySignature checks a signature made as VerifyDeviceSignature asks:
+// SHA-256 for ECDSA and RSA (PKCS #1 v1.5), the message itself for Ed25519.
+func verifySignature(pub crypto.PublicKey, msg, sig []byte) error {
+	sum := sha256.Sum256(msg)
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		if !ecdsa.VerifyASN1(k, sum[:], sig) {
+			return errors.New("ECDSA signature invalid")
+		}
+		return nil
+	case *rsa.PublicKey:
+		return rsa.VerifyPKCS1v15(k, crypto.SHA256, sum[:], sig)
+	case ed25519.PublicKey:
+		if !ed25519.Verify(k, msg, sig) {
+			return errors.New("Ed25519 signature invalid")
+		}
+		return nil
+	}
+	return fmt.Errorf("unsupported public key type %T", pub)
+}
