@@ -187,7 +187,10 @@ func (s *Swtpm) start() error {
 	s.gen++
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := os.Stat(s.raw); err == nil {
+		// swtpm creates the socket file at bind(), before listen(): only a
+		// successful connection shows that it accepts.
+		if c, err := net.Dial("unix", s.raw); err == nil {
+			c.Close()
 			return nil
 		}
 		select {
@@ -198,7 +201,7 @@ func (s *Swtpm) start() error {
 		}
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
-			return errors.New("swtpm did not create its socket within 10s")
+			return errors.New("swtpm did not accept connections within 10s")
 		}
 	}
 }

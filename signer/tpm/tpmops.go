@@ -238,12 +238,22 @@ func handleInUse(t transport.TPM, h tpm2.TPMHandle) (bool, error) {
 	return len(hs.Handle) > 0 && hs.Handle[0] == h, nil
 }
 
-// LoadedHandles lists the transient objects and the loaded sessions the
-// TPM holds (TPM2_GetCapability(TPM_CAP_HANDLES)); tests use it to find
-// leaked handles.
+// LoadedHandles lists the transient objects and the loaded or saved
+// sessions the TPM holds (TPM2_GetCapability(TPM_CAP_HANDLES), TPM 2.0
+// Part 3 §30.2: TPM_HT_LOADED_SESSION lists loaded HMAC and policy
+// sessions, TPM_HT_SAVED_SESSION the context-saved ones, either handle
+// type); tests use it to find leaked handles.
 func LoadedHandles(t transport.TPM) ([]tpm2.TPMHandle, error) {
 	var out []tpm2.TPMHandle
+	seen := map[tpm2.TPMHandle]bool{}
 	for _, ht := range []tpm2.TPMHT{tpm2.TPMHTTransient, tpm2.TPMHTHMACSession, tpm2.TPMHTPolicySession} {
+		want := func(h tpm2.TPMHandle) bool {
+			typ := tpm2.TPMHT(uint32(h) >> 24)
+			if ht == tpm2.TPMHTTransient {
+				return typ == tpm2.TPMHTTransient
+			}
+			return typ == tpm2.TPMHTHMACSession || typ == tpm2.TPMHTPolicySession
+		}
 		first := uint32(ht) << 24
 		for {
 			rsp, err := tpm2.GetCapability{Capability: tpm2.TPMCapHandles, Property: first, PropertyCount: 64}.Execute(t)
@@ -254,18 +264,23 @@ func LoadedHandles(t transport.TPM) ([]tpm2.TPMHandle, error) {
 			if err != nil {
 				return nil, err
 			}
+			var last tpm2.TPMHandle
 			n := 0
 			for _, h := range hs.Handle {
-				if uint32(h)>>24 != uint32(ht) {
-					break
+				if !want(h) {
+					continue
 				}
-				out = append(out, h)
 				n++
+				last = h
+				if !seen[h] {
+					seen[h] = true
+					out = append(out, h)
+				}
 			}
-			if !rsp.MoreData || n == 0 || n < len(hs.Handle) {
+			if !rsp.MoreData || n == 0 || uint32(last) < first {
 				break
 			}
-			first = uint32(hs.Handle[n-1]) + 1
+			first = uint32(last) + 1
 		}
 	}
 	return out, nil
