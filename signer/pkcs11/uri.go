@@ -122,7 +122,9 @@ func ParseURI(s string) (*URI, error) {
 				if knownAttr(pathAttrs, name) {
 					return nil, uriErr("%q is a path attribute: put it before '?'", name)
 				}
-				return nil, uriErr("unsupported query attribute %q (supported: %s)", printable(name), strings.Join(queryAttrs, ", "))
+				// The name is not echoed: with a PIN containing an
+				// unencoded '&', it would be part of the PIN.
+				return nil, uriErr("unsupported query attribute (supported: %s; write '&' inside a value as %%26)", strings.Join(queryAttrs, ", "))
 			}
 			if seen[name] {
 				return nil, uriErr("attribute %q given twice (RFC 7512 §2.3)", name)

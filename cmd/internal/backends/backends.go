@@ -8,6 +8,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
+	"github.com/steward-trustd/steward-trustd/signer/pkcs11"
 )
 
 // Registry returns the signer registry with every backend this build
@@ -15,5 +16,6 @@ import (
 func Registry(logger *slog.Logger) (*signer.Registry, error) {
 	return signer.NewRegistry(
 		&file.Backend{Logger: logger},
+		&pkcs11.Backend{Logger: logger},
 	)
 }
