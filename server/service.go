@@ -47,6 +47,12 @@ type Config struct {
 	Clock func() time.Time
 	// Rand supplies serial numbers and signature randomness; nil means crypto/rand.
 	Rand io.Reader
+	// RateLimits bound load per address and on the signer.
+	RateLimits RateLimits
+	// Metrics, if set, receives counters and latencies.
+	Metrics *Metrics
+	// Readiness, if set, learns the outcome of every signature.
+	Readiness *Readiness
 }
 
 // Service implements securityapi.SecurityServiceServer.
@@ -64,6 +70,9 @@ type Service struct {
 	rand   io.Reader
 
 	signerState signerState
+	limiter     *limiter
+	metrics     *Metrics
+	readiness   *Readiness
 }
 
 // New builds a Service.
@@ -83,6 +92,9 @@ func New(cfg Config) (*Service, error) {
 		tenant: cfg.Tenant,
 		now:    cfg.Clock,
 		rand:   cfg.Rand,
+
+		metrics:   cfg.Metrics,
+		readiness: cfg.Readiness,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -101,12 +113,17 @@ func New(cfg Config) (*Service, error) {
 	}
 	s.creds.Store(cfg.Credentials)
 	s.signerState.log = s.log
+	s.limiter = newLimiter(cfg.RateLimits, s.now)
+	s.metrics.SetCAExpiry(cfg.Credentials.CA().NotAfter, s.now())
 	return s, nil
 }
 
 // SetCredentials swaps token, CA and bundle; requests in flight finish
 // with the set they started with.
-func (s *Service) SetCredentials(c *Credentials) { s.creds.Store(c) }
+func (s *Service) SetCredentials(c *Credentials) {
+	s.creds.Store(c)
+	s.metrics.SetCAExpiry(c.CA().NotAfter, s.now())
+}
 
 // Credentials returns the current credentials.
 func (s *Service) Credentials() *Credentials { return s.creds.Load() }
@@ -120,11 +137,16 @@ func (s *Service) Certificate(ctx context.Context, req *securityapi.CertificateR
 	resp, err := s.certificate(ctx, creds, req, peerAddr, &rec)
 	rec.duration = s.now().Sub(start)
 	s.writeAudit(ctx, rec, err)
+	s.metrics.observeOutcome(outcome(err))
 	return resp, toStatus(err)
 }
 
 func (s *Service) certificate(ctx context.Context, creds *Credentials, req *securityapi.CertificateRequest, peerAddr netip.AddrPort, rec *auditRecord) (*securityapi.CertificateResponse, error) {
+	if err := s.limiter.admit(peerAddr.Addr()); err != nil {
+		return nil, err
+	}
 	if err := checkToken(ctx, creds.token); err != nil {
+		s.limiter.badToken(peerAddr.Addr())
 		return nil, err
 	}
 	r, err := ParseRequest(req.GetCsr(), s.limits)
@@ -135,11 +157,20 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	if err := s.policy.Check(r, peerAddr.Addr()); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
+	release, err := s.limiter.acquireSigner(ctx)
+	if err != nil {
 		return nil, err
 	}
+	s.metrics.inflight(1)
+	t0 := s.now()
 	cert, err := Issue(r, creds.ca, s.signer, s.limits.Validity, s.now(), s.rand)
+	s.metrics.inflight(-1)
+	release()
+	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
 	s.signerState.observe(err)
+	if s.readiness != nil {
+		s.readiness.Observe(err)
+	}
 	if err != nil {
 		return nil, &signError{err: err}
 	}

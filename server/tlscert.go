@@ -77,6 +77,8 @@ type SelfIssuer struct {
 	Clock  func() time.Time
 	Rand   io.Reader
 	Logger *slog.Logger
+	// Metrics, if set, records the certificate's expiry.
+	Metrics *Metrics
 }
 
 func (si *SelfIssuer) validity() time.Duration {
@@ -101,6 +103,7 @@ func (si *SelfIssuer) Issue() error {
 		return fmt.Errorf("issue serving certificate: %w", err)
 	}
 	si.Holder.Set(&tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert})
+	si.Metrics.SetServingExpiry(cert.NotAfter, clockOrDefault(si.Clock)())
 	if si.Logger != nil {
 		si.Logger.Info("serving certificate issued", "sans", hosts, "not_after", cert.NotAfter, "serial", cert.SerialNumber.Text(16))
 	}

@@ -2,15 +2,16 @@ package main
 
 import (
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/steward-trustd/steward-trustd/server"
 
 	"github.com/steward-trustd/steward-trustd/signer/file"
 )
@@ -41,6 +42,11 @@ func settings() []setting {
 		{"allowed-san-cidrs", "TRUSTD_ALLOWED_SAN_CIDRS", "comma-separated CIDRs; every IP SAN requested must fall inside one (default: no restriction)", false},
 		{"require-peer-ip", "TRUSTD_REQUIRE_PEER_IP", "require the caller's address to be one of the requested IP SANs (true/false)", false},
 		{"debug", "TRUSTD_DEBUG", "debug logging (true/false)", false},
+		{"health-addr", "TRUSTD_HEALTH_ADDR", "plaintext address for /healthz, /readyz, /metrics and gRPC health, e.g. :50002 (default: off)", false},
+		{"peer-rate", "TRUSTD_PEER_RATE", "requests per second allowed from one address, -1 for no limit (default 1)", false},
+		{"peer-burst", "TRUSTD_PEER_BURST", "burst of requests allowed from one address (default 20)", false},
+		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "requests that may hold or wait for the signer; more get ResourceExhausted (default 64)", false},
+		{"reload-interval", "TRUSTD_RELOAD_INTERVAL", "how often the cert dir is checked for changes (default 5s)", false},
 	}
 }
 
@@ -87,6 +93,10 @@ type config struct {
 	certSANs []string
 	allowed  []netip.Prefix
 	peerIP   bool
+
+	healthAddr     string
+	rates          server.RateLimits
+	reloadInterval time.Duration
 }
 
 // configError names the setting at fault, so the daemon exits with one
@@ -180,7 +190,49 @@ func loadConfig(get lookup) (*config, error) {
 			c.allowed = append(c.allowed, p.Masked())
 		}
 	}
+	c.healthAddr, _ = get("health-addr")
+	if c.rates.PerPeerRate, err = floatSetting(get, "peer-rate"); err != nil {
+		return nil, err
+	}
+	if c.rates.PerPeerBurst, err = intSetting(get, "peer-burst"); err != nil {
+		return nil, err
+	}
+	if c.rates.MaxSignerQueue, err = intSetting(get, "signer-queue"); err != nil {
+		return nil, err
+	}
+	c.reloadInterval = 5 * time.Second
+	if v, ok := get("reload-interval"); ok && v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 100*time.Millisecond {
+			return nil, bad("reload-interval", "%q is not a duration of at least 100ms", v)
+		}
+		c.reloadInterval = d
+	}
 	return c, nil
+}
+
+func floatSetting(get lookup, name string) (float64, error) {
+	v, ok := get(name)
+	if !ok || v == "" {
+		return 0, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || (f <= 0 && f != -1) {
+		return 0, bad(name, "%q is not a positive number or -1", v)
+	}
+	return f, nil
+}
+
+func intSetting(get lookup, name string) (int, error) {
+	v, ok := get(name)
+	if !ok || v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, bad(name, "%q is not a positive integer", v)
+	}
+	return n, nil
 }
 
 func schemeOf(uri string) string {
@@ -229,17 +281,4 @@ func splitList(v string) []string {
 		}
 	}
 	return out
-}
-
-// readCertDirFile reads name from the cert dir; missing optional files
-// return nil.
-func readCertDirFile(dir, name string, optional bool) ([]byte, error) {
-	b, err := os.ReadFile(filepath.Join(dir, name))
-	if err != nil {
-		if optional && errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	return b, nil
 }

@@ -2,15 +2,20 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"sort"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/backends"
 	"github.com/steward-trustd/steward-trustd/server"
@@ -44,7 +49,13 @@ func serve(ctx context.Context, cfg *config, logOut io.Writer) error {
 	log.Info("signer opened", "backend", d.Backend, "algorithm", d.Algorithm, "fingerprint", d.Fingerprint,
 		"extractable", d.Extractable, "policy", d.Policy, "location", d.Location)
 
-	creds, err := loadCredentials(cfg, sgn)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := server.NewMetrics(reg, d.Backend, d.Extractable)
+	readiness := server.NewReadiness(sgn, 30*time.Second, nil, metrics)
+
+	dir := server.CertDir{Dir: cfg.certDir, Token: cfg.token, CACert: cfg.caPEM, SignerPublic: sgn.Public()}
+	creds, credsDigest, err := dir.Credentials()
 	if err != nil {
 		return err
 	}
@@ -55,28 +66,55 @@ func serve(ctx context.Context, cfg *config, logOut io.Writer) error {
 		Logger:      log,
 		Audit:       log.With("log", "audit"),
 		Tenant:      cfg.tenant,
+		RateLimits:  cfg.rates,
+		Metrics:     metrics,
+		Readiness:   readiness,
 	})
 	if err != nil {
 		return err
 	}
 
 	holder := &server.CertHolder{}
-	renew, err := setupServingCert(cfg, holder, sgn, svc, log)
+	selfIssuer, servingDigest, err := setupServingCert(cfg, dir, holder, sgn, svc, metrics, log)
 	if err != nil {
 		return err
 	}
+	reloader := &server.Reloader{Dir: dir, Service: svc, Metrics: metrics, Logger: log}
+	if selfIssuer == nil && cfg.srvCrt == nil {
+		reloader.Holder = holder
+	}
+	reloader.Prime(credsDigest, servingDigest)
 
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.listen, err)
 	}
 	g := server.NewGRPCServer(svc, server.TLSConfig(holder.GetCertificate))
+	readiness.RegisterHealth(g)
+
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if renew != nil {
-		go renew.Run(runCtx, time.Minute)
+	if selfIssuer != nil {
+		go selfIssuer.Run(runCtx, time.Minute)
 	}
-	errc := make(chan error, 1)
+	go reloader.Run(runCtx, cfg.reloadInterval)
+	go readiness.Run(runCtx, 10*time.Second)
+
+	var health *http.Server
+	errc := make(chan error, 2)
+	if cfg.healthAddr != "" {
+		health = server.NewHealthServer(cfg.healthAddr, server.HealthHandler(readiness, reg))
+		hln, err := net.Listen("tcp", cfg.healthAddr)
+		if err != nil {
+			return fmt.Errorf("listen on health address %s: %w", cfg.healthAddr, err)
+		}
+		go func() {
+			if err := health.Serve(hln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("health server: %w", err)
+			}
+		}()
+		log.Info("health and metrics listening", "address", hln.Addr().String())
+	}
 	go func() { errc <- g.Serve(ln) }()
 	log.Info("steward-trustd listening", "address", ln.Addr().String(), "version", version)
 
@@ -93,6 +131,11 @@ func serve(ctx context.Context, cfg *config, logOut io.Writer) error {
 	case <-time.After(shutdownGrace):
 		log.Warn("grace period over; closing remaining connections")
 		g.Stop()
+	}
+	if health != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+		defer scancel()
+		_ = health.Shutdown(sctx)
 	}
 	return nil
 }
@@ -114,70 +157,43 @@ func openSigner(ctx context.Context, cfg *config, log *slog.Logger) (signer.Sign
 	return s, nil
 }
 
-func loadCredentials(cfg *config, sgn signer.Signer) (*server.Credentials, error) {
-	token := cfg.token
-	if token == nil {
-		b, err := readCertDirFile(cfg.certDir, "token", false)
-		if err != nil {
-			return nil, fmt.Errorf("worker token: set $TRUSTD_TOKEN or provide %s/token: %w", cfg.certDir, err)
-		}
-		token = b
-	}
-	caPEM := cfg.caPEM
-	if caPEM == nil {
-		b, err := readCertDirFile(cfg.certDir, "os-ca.crt", false)
-		if err != nil {
-			return nil, fmt.Errorf("OS CA certificate: set $TRUSTD_OS_CA_CRT or provide %s/os-ca.crt: %w", cfg.certDir, err)
-		}
-		caPEM = b
-	}
-	accepted, err := readCertDirFile(cfg.certDir, "accepted-cas.crt", true)
-	if err != nil {
-		return nil, fmt.Errorf("accepted CAs: %w", err)
-	}
-	return server.NewCredentials(token, caPEM, accepted, sgn.Public())
-}
-
 // setupServingCert installs the serving certificate: inline, from the
 // cert dir, or self-issued through the signer. It returns the issuer to
-// run for renewal when the certificate is self-issued.
-func setupServingCert(cfg *config, holder *server.CertHolder, sgn signer.Signer, svc *server.Service, log *slog.Logger) (*server.SelfIssuer, error) {
-	crt, key := cfg.srvCrt, cfg.srvKey
-	if crt == nil {
-		var err error
-		if crt, err = readCertDirFile(cfg.certDir, "server.crt", true); err != nil {
-			return nil, fmt.Errorf("serving certificate: %w", err)
-		}
-		if key, err = readCertDirFile(cfg.certDir, "server.key", true); err != nil {
-			return nil, fmt.Errorf("serving key: %w", err)
-		}
-		if (crt == nil) != (key == nil) {
-			return nil, errors.New("serving certificate: server.crt and server.key must both exist in the cert dir, or neither")
-		}
+// run for renewal when the certificate is self-issued, and the digest of
+// the cert dir's serving files.
+func setupServingCert(cfg *config, dir server.CertDir, holder *server.CertHolder, sgn signer.Signer, svc *server.Service, m *server.Metrics, log *slog.Logger) (*server.SelfIssuer, server.Digest, error) {
+	var c *tls.Certificate
+	var d server.Digest
+	var err error
+	if cfg.srvCrt != nil {
+		c, err = server.LoadKeyPair(cfg.srvCrt, cfg.srvKey, time.Now())
+	} else {
+		c, d, err = dir.ServingCert(time.Now())
 	}
-	if crt != nil {
-		c, err := server.LoadKeyPair(crt, key, time.Now())
-		if err != nil {
-			return nil, err
-		}
+	if err != nil {
+		return nil, d, err
+	}
+	if c != nil {
 		if _, err := c.Leaf.Verify(x509.VerifyOptions{Roots: svc.Credentials().Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
 			log.Warn("serving certificate does not chain to the OS CA or accepted CAs; workers will refuse it", "error", err)
 		}
 		holder.Set(c)
+		m.SetServingExpiry(c.Leaf.NotAfter, time.Now())
 		log.Info("serving certificate loaded", "dns", c.Leaf.DNSNames, "ips", c.Leaf.IPAddresses, "not_after", c.Leaf.NotAfter)
-		return nil, nil
+		return nil, d, nil
 	}
 	si := &server.SelfIssuer{
-		Holder: holder,
-		Signer: sgn,
-		CA:     func() *x509.Certificate { return svc.Credentials().CA() },
-		Hosts:  func() ([]string, error) { return servingHosts(cfg.certSANs) },
-		Logger: log,
+		Holder:  holder,
+		Signer:  sgn,
+		CA:      func() *x509.Certificate { return svc.Credentials().CA() },
+		Hosts:   func() ([]string, error) { return servingHosts(cfg.certSANs) },
+		Logger:  log,
+		Metrics: m,
 	}
 	if err := si.Issue(); err != nil {
-		return nil, err
+		return nil, d, err
 	}
-	return si, nil
+	return si, d, nil
 }
 
 // servingHosts lists every local interface address, the hostname and the

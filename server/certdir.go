@@ -1,0 +1,195 @@
+package server
+
+import (
+	"context"
+	"crypto"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// File names in the cert dir.
+const (
+	FileToken       = "token"
+	FileOSCACert    = "os-ca.crt"
+	FileAcceptedCAs = "accepted-cas.crt"
+	FileServerCert  = "server.crt"
+	FileServerKey   = "server.key"
+)
+
+// CertDir reads the daemon's credentials from a directory (a mounted
+// Kubernetes Secret, or /etc/steward-trustd/certs), with optional inline
+// values that take the place of the token and CA files.
+type CertDir struct {
+	// Dir is the directory.
+	Dir string
+	// Token and CACert, when non-nil, replace the token and os-ca.crt files.
+	Token, CACert []byte
+	// SignerPublic is the signer's key, which os-ca.crt must hold.
+	SignerPublic crypto.PublicKey
+}
+
+// Digest identifies the content of one read of a file set, so that a
+// reload happens only when something changed.
+type Digest [sha256.Size]byte
+
+func (d CertDir) read(name string, inline []byte, optional bool, h *digestBuilder) ([]byte, error) {
+	if inline != nil {
+		h.add(name, inline)
+		return inline, nil
+	}
+	b, err := os.ReadFile(filepath.Join(d.Dir, name))
+	if err != nil {
+		if optional && errors.Is(err, fs.ErrNotExist) {
+			h.add(name, nil)
+			return nil, nil
+		}
+		return nil, err
+	}
+	h.add(name, b)
+	return b, nil
+}
+
+// Credentials reads token, os-ca.crt and accepted-cas.crt.
+func (d CertDir) Credentials() (*Credentials, Digest, error) {
+	var h digestBuilder
+	token, err := d.read(FileToken, d.Token, false, &h)
+	if err != nil {
+		return nil, Digest{}, fmt.Errorf("worker token (set $TRUSTD_TOKEN or provide %s): %w", FileToken, err)
+	}
+	ca, err := d.read(FileOSCACert, d.CACert, false, &h)
+	if err != nil {
+		return nil, Digest{}, fmt.Errorf("OS CA certificate (set $TRUSTD_OS_CA_CRT or provide %s): %w", FileOSCACert, err)
+	}
+	accepted, err := d.read(FileAcceptedCAs, nil, true, &h)
+	if err != nil {
+		return nil, Digest{}, fmt.Errorf("accepted CAs: %w", err)
+	}
+	c, err := NewCredentials(token, ca, accepted, d.SignerPublic)
+	return c, h.sum(), err
+}
+
+// ServingCert reads server.crt and server.key; it returns nil, nil when
+// neither exists.
+func (d CertDir) ServingCert(now time.Time) (*tls.Certificate, Digest, error) {
+	var h digestBuilder
+	crt, err := d.read(FileServerCert, nil, true, &h)
+	if err != nil {
+		return nil, Digest{}, err
+	}
+	key, err := d.read(FileServerKey, nil, true, &h)
+	if err != nil {
+		return nil, Digest{}, err
+	}
+	if crt == nil && key == nil {
+		return nil, h.sum(), nil
+	}
+	if (crt == nil) != (key == nil) {
+		return nil, h.sum(), fmt.Errorf("%s and %s must both exist in %s, or neither", FileServerCert, FileServerKey, d.Dir)
+	}
+	c, err := LoadKeyPair(crt, key, now)
+	return c, h.sum(), err
+}
+
+type digestBuilder struct{ parts []byte }
+
+func (h *digestBuilder) add(name string, b []byte) {
+	s := sha256.Sum256(b)
+	h.parts = append(h.parts, name...)
+	h.parts = append(h.parts, 0)
+	if b != nil {
+		h.parts = append(h.parts, s[:]...)
+	}
+}
+
+func (h *digestBuilder) sum() Digest { return sha256.Sum256(h.parts) }
+
+// Reloader polls the cert dir and swaps credentials and the serving
+// certificate when their files change. Kubernetes updates a mounted
+// Secret by swapping a symlink, which an inotify watch on the files would
+// miss; reading by name every few seconds sees it. A broken new file set
+// is refused and the running one kept.
+type Reloader struct {
+	Dir     CertDir
+	Service *Service
+	// Holder is the serving certificate to replace; nil when the serving
+	// certificate is not from the cert dir (self-issued or inline).
+	Holder  *CertHolder
+	Metrics *Metrics
+	Logger  *slog.Logger
+	Clock   func() time.Time
+
+	creds, serving       Digest
+	badCreds, badServing Digest
+}
+
+// Prime records the digests of what the daemon loaded at start.
+func (r *Reloader) Prime(creds, serving Digest) { r.creds, r.serving = creds, serving }
+
+// Check reloads what changed since the last check.
+func (r *Reloader) Check() {
+	now := clockOrDefault(r.Clock)()
+	c, d, err := r.Dir.Credentials()
+	if d != r.creds {
+		r.apply("credentials", d, err, &r.creds, &r.badCreds, func() {
+			r.Service.SetCredentials(c)
+			r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", len(c.pool.Subjects()))
+		})
+	}
+	if r.Holder == nil {
+		return
+	}
+	cert, d, err := r.Dir.ServingCert(now)
+	if err == nil && cert == nil {
+		err = errors.New("serving certificate files were removed")
+	}
+	if d != r.serving {
+		r.apply("serving", d, err, &r.serving, &r.badServing, func() {
+			r.Holder.Set(cert)
+			r.Metrics.SetServingExpiry(cert.Leaf.NotAfter, now)
+			r.log().Info("serving certificate reloaded", "not_after", cert.Leaf.NotAfter)
+		})
+	}
+}
+
+func (r *Reloader) apply(what string, d Digest, err error, current, bad *Digest, install func()) {
+	if err != nil {
+		if d == *bad {
+			return // already reported this broken content
+		}
+		*bad = d
+		r.Metrics.ObserveReload(what, err)
+		r.log().Error("reload refused; keeping the running "+what, "error", err)
+		return
+	}
+	install()
+	*current, *bad = d, Digest{}
+	r.Metrics.ObserveReload(what, nil)
+}
+
+// Run checks every interval until ctx ends.
+func (r *Reloader) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.Check()
+		}
+	}
+}
+
+func (r *Reloader) log() *slog.Logger {
+	if r.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.Logger
+}

@@ -1,0 +1,183 @@
+package server
+
+import (
+	"context"
+	"crypto"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+// Readiness tells whether the signer works, from the outcome of real
+// signatures, and only probes the device itself when there has been no
+// signature for a while: a TPM on a real chip signs a handful of times a
+// second, and a probe every few seconds must not compete with workers.
+type Readiness struct {
+	signer  signer.Signer
+	window  time.Duration
+	now     func() time.Time
+	health  *health.Server
+	metrics *Metrics
+
+	mu          sync.Mutex
+	lastSuccess time.Time
+	lastFailure time.Time
+	lastProbe   time.Time
+	probing     bool
+}
+
+// NewReadiness tracks s; a success within window counts as ready.
+func NewReadiness(s signer.Signer, window time.Duration, now func() time.Time, m *Metrics) *Readiness {
+	if now == nil {
+		now = time.Now
+	}
+	if window <= 0 {
+		window = 30 * time.Second
+	}
+	r := &Readiness{signer: s, window: window, now: now, health: health.NewServer(), metrics: m}
+	r.publish(false)
+	return r
+}
+
+// Observe records the outcome of a signature made for a request.
+func (r *Readiness) Observe(err error) {
+	r.mu.Lock()
+	if err == nil {
+		r.lastSuccess = r.now()
+	} else {
+		r.lastFailure = r.now()
+	}
+	ready := r.readyLocked()
+	r.mu.Unlock()
+	r.publish(ready)
+}
+
+func (r *Readiness) readyLocked() bool {
+	return !r.lastSuccess.IsZero() && r.lastSuccess.After(r.lastFailure) && r.now().Sub(r.lastSuccess) < r.window
+}
+
+// Ready reports readiness, probing the signer at most once per window
+// when no request has signed within it.
+func (r *Readiness) Ready(ctx context.Context) bool {
+	r.mu.Lock()
+	if r.readyLocked() {
+		r.mu.Unlock()
+		return true
+	}
+	if r.probing || (r.now().Sub(r.lastProbe) < r.window/2 && !r.lastProbe.IsZero()) {
+		ready := r.readyLocked()
+		r.mu.Unlock()
+		return ready
+	}
+	r.probing = true
+	r.lastProbe = r.now()
+	r.mu.Unlock()
+
+	err := probeSign(ctx, r.signer)
+	r.mu.Lock()
+	r.probing = false
+	r.mu.Unlock()
+	r.Observe(err)
+	return err == nil
+}
+
+// Run re-evaluates readiness every interval until ctx ends, so that the
+// gRPC health status and the metric follow the signer without traffic.
+func (r *Readiness) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		r.publish(r.Ready(ctx))
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Readiness) publish(ready bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ready {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	r.health.SetServingStatus("", st)
+	r.health.SetServingStatus("securityapi.SecurityService", st)
+	r.metrics.setReady(ready)
+}
+
+// RegisterHealth adds the gRPC health service to g.
+func (r *Readiness) RegisterHealth(g *grpc.Server) { healthpb.RegisterHealthServer(g, r.health) }
+
+// probeSign makes one throw-away signature.
+func probeSign(ctx context.Context, s signer.Signer) error {
+	msg := []byte("steward-trustd readiness probe")
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		if _, ok := s.Public().(ed25519.PublicKey); ok {
+			_, err = s.Sign(nil, msg, crypto.Hash(0))
+		} else {
+			d := sha256.Sum256(msg)
+			_, err = s.Sign(nil, d[:], crypto.SHA256)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("readiness probe: %w", ctx.Err())
+	}
+}
+
+// HealthHandler serves /healthz (the process answers), /readyz (the
+// signer works), /metrics, and the gRPC health service for Kubernetes
+// gRPC probes, on one plaintext address: probes cannot speak TLS to 50001.
+// Serve it with an http.Server that allows unencrypted HTTP/2.
+func HealthHandler(r *Readiness, gatherer prometheus.Gatherer) http.Handler {
+	grpcHealth := grpc.NewServer()
+	r.RegisterHealth(grpcHealth)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
+		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
+		defer cancel()
+		if !r.Ready(ctx) {
+			http.Error(w, "signer not ready", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.ProtoMajor == 2 && strings.HasPrefix(req.Header.Get("Content-Type"), "application/grpc") {
+			grpcHealth.ServeHTTP(w, req)
+			return
+		}
+		mux.ServeHTTP(w, req)
+	})
+}
+
+// NewHealthServer returns an http.Server for HealthHandler on addr, with
+// HTTP/1.1 and unencrypted HTTP/2 (for gRPC health checks).
+func NewHealthServer(addr string, h http.Handler) *http.Server {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return &http.Server{Addr: addr, Handler: h, Protocols: &p, ReadHeaderTimeout: 5 * time.Second}
+}

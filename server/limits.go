@@ -1,0 +1,168 @@
+package server
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// RateLimits bound load per caller and on the signer. Zero values take the
+// defaults documented on each field; a negative rate disables that limit.
+type RateLimits struct {
+	// PerPeerRate is the sustained requests per second from one address
+	// (default 1: a worker asks once per 12 h, and ~7 times a minute while
+	// retrying).
+	PerPeerRate float64
+	// PerPeerBurst is the burst from one address (default 20).
+	PerPeerBurst int
+	// BadTokenRate is how fast an address that sent a wrong token earns
+	// another try, per second (default 0.1: one every 10 s).
+	BadTokenRate float64
+	// BadTokenBurst is how many wrong tokens an address may send before it
+	// is slowed down (default 5).
+	BadTokenBurst int
+	// MaxSignerQueue bounds requests holding or waiting for the signer;
+	// beyond it requests get ResourceExhausted at once (default 64).
+	MaxSignerQueue int
+	// MaxPeers bounds the addresses tracked; idle ones are forgotten first
+	// (default 65536).
+	MaxPeers int
+}
+
+func (r RateLimits) withDefaults() RateLimits {
+	if r.PerPeerRate == 0 {
+		r.PerPeerRate = 1
+	}
+	if r.PerPeerBurst == 0 {
+		r.PerPeerBurst = 20
+	}
+	if r.BadTokenRate == 0 {
+		r.BadTokenRate = 0.1
+	}
+	if r.BadTokenBurst == 0 {
+		r.BadTokenBurst = 5
+	}
+	if r.MaxSignerQueue == 0 {
+		r.MaxSignerQueue = 64
+	}
+	if r.MaxPeers == 0 {
+		r.MaxPeers = 65536
+	}
+	return r
+}
+
+// limiter enforces RateLimits.
+type limiter struct {
+	cfg   RateLimits
+	now   func() time.Time
+	queue chan struct{}
+
+	mu    sync.Mutex
+	peers map[netip.Addr]*peerLimits
+}
+
+type peerLimits struct {
+	requests *rate.Limiter
+	badToken *rate.Limiter
+	lastSeen time.Time
+}
+
+func newLimiter(cfg RateLimits, now func() time.Time) *limiter {
+	cfg = cfg.withDefaults()
+	l := &limiter{cfg: cfg, now: now, peers: map[netip.Addr]*peerLimits{}}
+	if cfg.MaxSignerQueue > 0 {
+		l.queue = make(chan struct{}, cfg.MaxSignerQueue)
+	}
+	return l
+}
+
+func (l *limiter) peer(a netip.Addr) *peerLimits {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	p, ok := l.peers[a]
+	if !ok {
+		if len(l.peers) >= l.cfg.MaxPeers {
+			l.evictLocked(now)
+		}
+		p = &peerLimits{
+			requests: newRate(l.cfg.PerPeerRate, l.cfg.PerPeerBurst),
+			badToken: newRate(l.cfg.BadTokenRate, l.cfg.BadTokenBurst),
+		}
+		l.peers[a] = p
+	}
+	p.lastSeen = now
+	return p
+}
+
+func newRate(r float64, burst int) *rate.Limiter {
+	if r < 0 {
+		return rate.NewLimiter(rate.Inf, 0)
+	}
+	return rate.NewLimiter(rate.Limit(r), burst)
+}
+
+// evictLocked forgets idle addresses, the longest idle first, to make
+// room; a full table of busy peers drops the oldest half.
+func (l *limiter) evictLocked(now time.Time) {
+	idle := time.Duration(float64(l.cfg.PerPeerBurst)/maxf(l.cfg.PerPeerRate, 0.001)) * time.Second
+	for a, p := range l.peers {
+		if now.Sub(p.lastSeen) > idle {
+			delete(l.peers, a)
+		}
+	}
+	if len(l.peers) < l.cfg.MaxPeers {
+		return
+	}
+	n := 0
+	for a := range l.peers {
+		delete(l.peers, a)
+		if n++; n >= l.cfg.MaxPeers/2 {
+			break
+		}
+	}
+}
+
+func maxf(a, b float64) float64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// admit applies the per-address limits before any work is done.
+func (l *limiter) admit(a netip.Addr) error {
+	p := l.peer(a.Unmap())
+	now := l.now()
+	if p.badToken.TokensAt(now) < 1 {
+		return &limitError{reason: "too many requests with a wrong token from this address; slow down"}
+	}
+	if !p.requests.AllowN(now, 1) {
+		return &limitError{reason: "too many requests from this address; retry later"}
+	}
+	return nil
+}
+
+// badToken charges an address for a wrong token.
+func (l *limiter) badToken(a netip.Addr) {
+	l.peer(a.Unmap()).badToken.AllowN(l.now(), 1)
+}
+
+// acquireSigner takes a slot in the bounded signer queue or fails at once:
+// a slow TPM must shed load, never build an unbounded queue.
+func (l *limiter) acquireSigner(ctx context.Context) (release func(), err error) {
+	if l.queue == nil {
+		return func() {}, nil
+	}
+	select {
+	case l.queue <- struct{}{}:
+		return func() { <-l.queue }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	default:
+		return nil, &limitError{reason: "signer busy; retry later"}
+	}
+}
