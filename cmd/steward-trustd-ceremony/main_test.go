@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCmd(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), args, &out, &errb, nil)
+	return code, out.String(), errb.String()
+}
+
+func TestUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	key := "file:" + filepath.Join(dir, "ca.key")
+	tests := []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"no command", nil, "a command is required"},
+		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"unknown flag", []string{"init", "--nope"}, "unknown flag: --nope"},
+		{"positional", []string{"status", "--signer", key, "extra"}, `unexpected argument "extra"`},
+		{"init missing flags", []string{"init"}, "--cluster, --out, --signer"},
+		{"init bad algorithm", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--algorithm", "dsa"}, "--algorithm"},
+		{"init bad hours", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--hours", "0"}, "--hours must be a positive"},
+		{"init bad pcrs", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--pcrs", "99"}, "--pcrs"},
+		{"init pcrs on file", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--pcrs", "7"}, "only applies to tpm"},
+		{"import no source", []string{"import", "--signer", key, "--out", dir}, "give --key and --cert, or --talos-secrets"},
+		{"import both sources", []string{"import", "--signer", key, "--out", dir, "--key", "k", "--cert", "c", "--talos-secrets", "s"}, "not both"},
+		{"sign-csr unknown role", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z", "--roles", "os:root"}, "unknown role"},
+		{"sign-csr empty roles", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z", "--roles", ""}, "no role"},
+		{"talosconfig no endpoints", []string{"talosconfig", "--signer", key, "--ca", "x", "--context", "c", "--out", "z"}, "--endpoints"},
+		{"talosconfig bad endpoint", []string{"talosconfig", "--signer", key, "--ca", "x", "--context", "c", "--out", "z", "--endpoints", "a b"}, "--endpoints"},
+		{"server-cert no san", []string{"server-cert", "--signer", key, "--ca", "x", "--out", dir}, "--san"},
+		{"rotate finish with algorithm", []string{"rotate", "--new-signer", key, "--out", dir, "--finish", "--algorithm", "p384"}, "not to --finish"},
+		{"status bad output", []string{"status", "--signer", key, "--output", "xml"}, "--output must be text or json"},
+		{"doctor missing config", []string{"doctor"}, "--machineconfig"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, stderr := runCmd(t, tt.args...)
+			if code != exitUsage {
+				t.Fatalf("exit %d, want %d; stderr %s", code, exitUsage, stderr)
+			}
+			if !strings.Contains(stderr, tt.msg) {
+				t.Errorf("stderr %q does not mention %q", stderr, tt.msg)
+			}
+		})
+	}
+}
+
+func TestOperationErrors(t *testing.T) {
+	dir := t.TempDir()
+	key := "file:" + filepath.Join(dir, "ca.key")
+	out := filepath.Join(dir, "ceremony")
+	if code, _, stderr := runCmd(t, "init", "--signer", key, "--cluster", "c", "--out", out); code != exitOK {
+		t.Fatalf("init: %d %s", code, stderr)
+	}
+	garbage := filepath.Join(dir, "garbage.pem")
+	if err := os.WriteFile(garbage, []byte("not pem"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ca := filepath.Join(out, "os-ca.crt")
+	tests := []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"missing key", []string{"status", "--signer", "file:" + filepath.Join(dir, "nope.key")}, "key not found"},
+		{"bad scheme", []string{"status", "--signer", "gpg:whatever"}, "unknown scheme"},
+		{"init refuses overwrite", []string{"init", "--signer", "file:" + filepath.Join(dir, "k2.key"), "--cluster", "c", "--out", out}, "refusing to overwrite"},
+		{"missing ca file", []string{"sign-csr", "--signer", key, "--ca", filepath.Join(dir, "none.crt"), "--csr", garbage, "--out", filepath.Join(dir, "o.crt")}, "no such file"},
+		{"garbage ca", []string{"sign-csr", "--signer", key, "--ca", garbage, "--csr", garbage, "--out", filepath.Join(dir, "o.crt")}, "no PEM CERTIFICATE block"},
+		{"garbage csr", []string{"sign-csr", "--signer", key, "--ca", ca, "--csr", garbage, "--out", filepath.Join(dir, "o.crt")}, "CERTIFICATE REQUEST"},
+		{"garbage import key", []string{"import", "--signer", "file:" + filepath.Join(dir, "i.key"), "--key", garbage, "--cert", ca, "--out", filepath.Join(dir, "i")}, "no private key PEM block"},
+		{"garbage machine config", []string{"doctor", "--machineconfig", garbage}, "machine config"},
+		{"rotate finish without start", []string{"rotate", "--new-signer", key, "--out", out, "--finish"}, "no rotation in progress"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, stderr := runCmd(t, tt.args...)
+			if code != exitFail {
+				t.Fatalf("exit %d, want %d; stderr %s", code, exitFail, stderr)
+			}
+			if !strings.Contains(stderr, tt.msg) {
+				t.Errorf("stderr %q does not mention %q", stderr, tt.msg)
+			}
+		})
+	}
+	// Nothing was written by the failed commands.
+	for _, p := range []string{filepath.Join(dir, "o.crt"), filepath.Join(dir, "k2.key"), filepath.Join(dir, "i")} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s exists after a failed command", p)
+		}
+	}
+}
+
+func TestStatusJSON(t *testing.T) {
+	dir := t.TempDir()
+	key := "file:" + filepath.Join(dir, "ca.key")
+	out := filepath.Join(dir, "ceremony")
+	if code, _, stderr := runCmd(t, "init", "--signer", key, "--cluster", "c", "--out", out); code != exitOK {
+		t.Fatalf("init: %s", stderr)
+	}
+	code, stdout, stderr := runCmd(t, "status", "--signer", key, "--ca", filepath.Join(out, "os-ca.crt"), "--output", "json")
+	if code != exitOK {
+		t.Fatalf("status: %s", stderr)
+	}
+	var st struct {
+		Key struct {
+			Backend     string
+			Fingerprint string
+			Extractable bool
+		}
+		CA struct {
+			KeyMatches bool
+			Subject    string
+		}
+		Receipts []struct{ Operation string }
+	}
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
+		t.Fatalf("%v: %s", err, stdout)
+	}
+	if st.Key.Backend != "file" || !st.Key.Extractable || !st.CA.KeyMatches || st.CA.Subject != "CN=c,O=talos" || len(st.Receipts) != 2 {
+		t.Errorf("status json %+v", st)
+	}
+	code, stdout, _ = runCmd(t, "status", "--signer", key, "--ca", filepath.Join(out, "os-ca.crt"))
+	if code != exitOK || !strings.Contains(stdout, "key matches:  true") || !strings.Contains(stdout, "init.key") {
+		t.Errorf("status text (%d):\n%s", code, stdout)
+	}
+}
