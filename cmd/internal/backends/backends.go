@@ -6,9 +6,11 @@ package backends
 import (
 	"log/slog"
 
+	"github.com/steward-trustd/steward-trustd/cmd/internal/tpmdev"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
 	"github.com/steward-trustd/steward-trustd/signer/pkcs11"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
 )
 
 // Registry returns the signer registry with every backend this build
@@ -17,5 +19,6 @@ func Registry(logger *slog.Logger) (*signer.Registry, error) {
 	return signer.NewRegistry(
 		&file.Backend{Logger: logger},
 		&pkcs11.Backend{Logger: logger},
+		&tpm.Backend{Dial: tpmdev.Dial, Logger: logger},
 	)
 }
