@@ -1,0 +1,434 @@
+package server
+
+import (
+	"context"
+	"crypto"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time        { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) add(d time.Duration)   { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+func newFakeClock() *fakeClock             { return &fakeClock{t: time.Now()} }
+func addr(s string) netip.Addr             { return netip.MustParseAddr(s) }
+func isLimit(err error) bool               { var l *limitError; return errors.As(err, &l) }
+func ctxFrom(ip string) context.Context    { return peerCtx(ip, testToken) }
+func badCtxFrom(ip string) context.Context { return peerCtx(ip, "wrong") }
+
+func peerCtx(ip, token string) context.Context {
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}})
+	return metadata.NewIncomingContext(ctx, metadata.Pairs("token", token))
+}
+
+func TestPerPeerRateLimit(t *testing.T) {
+	clk := newFakeClock()
+	l := newLimiter(RateLimits{PerPeerRate: 1, PerPeerBurst: 3}, clk.now)
+	a, b := addr("10.0.0.1"), addr("10.0.0.2")
+	for i := 0; i < 3; i++ {
+		if err := l.admit(a); err != nil {
+			t.Fatalf("request %d within burst refused: %v", i, err)
+		}
+	}
+	if err := l.admit(a); !isLimit(err) {
+		t.Fatalf("request past burst: %v, want a limit error", err)
+	}
+	if err := l.admit(b); err != nil {
+		t.Fatalf("another address is limited too: %v", err)
+	}
+	if err := l.admit(addr("::ffff:10.0.0.1")); !isLimit(err) {
+		t.Fatal("a v4-mapped address escapes its v4 bucket")
+	}
+	clk.add(time.Second)
+	if err := l.admit(a); err != nil {
+		t.Fatalf("after refill: %v", err)
+	}
+	off := newLimiter(RateLimits{PerPeerRate: -1}, clk.now)
+	for i := 0; i < 1000; i++ {
+		if err := off.admit(a); err != nil {
+			t.Fatal("disabled limit refused a request")
+		}
+	}
+}
+
+func TestBadTokenSlowdown(t *testing.T) {
+	clk := newFakeClock()
+	ca := newTestCA(t, signer.ECDSAP256)
+	svc, err := New(Config{Signer: ca.signer, Credentials: ca.credentials(t, testToken), Clock: clk.now,
+		RateLimits: RateLimits{BadTokenBurst: 3, BadTokenRate: 0.1, PerPeerBurst: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr := makeCSR(t, csrSpec{key: newKey(t, "p256"), dns: []string{"w"}})
+	req := &securityapi.CertificateRequest{Csr: csr}
+	for i := 0; i < 3; i++ {
+		if _, err := svc.Certificate(badCtxFrom("10.1.1.1"), req); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("bad token %d: %v", i, err)
+		}
+	}
+	// The address is now slowed down, even with the right token...
+	if _, err := svc.Certificate(ctxFrom("10.1.1.1"), req); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("after repeated bad tokens: %v, want ResourceExhausted", err)
+	}
+	// ...while other addresses are not.
+	if _, err := svc.Certificate(ctxFrom("10.1.1.2"), req); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(10 * time.Second)
+	if _, err := svc.Certificate(ctxFrom("10.1.1.1"), req); err != nil {
+		t.Fatalf("after the slow-down period: %v", err)
+	}
+}
+
+// gateSigner blocks every Sign until released.
+type gateSigner struct {
+	signer.Signer
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gateSigner) Sign(r io.Reader, d []byte, o crypto.SignerOpts) ([]byte, error) {
+	g.entered <- struct{}{}
+	<-g.release
+	return g.Signer.Sign(r, d, o)
+}
+
+func TestBoundedSignerQueue(t *testing.T) {
+	ca := newTestCA(t, signer.ECDSAP256)
+	gate := &gateSigner{Signer: ca.signer, entered: make(chan struct{}, 16), release: make(chan struct{})}
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, "file", true)
+	svc, err := New(Config{Signer: gate, Credentials: ca.credentials(t, testToken), Metrics: m,
+		RateLimits: RateLimits{MaxSignerQueue: 2, PerPeerRate: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &securityapi.CertificateRequest{Csr: makeCSR(t, csrSpec{key: newKey(t, "p256"), dns: []string{"w"}})}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, err := svc.Certificate(ctxFrom("10.0.0.1"), req); errs <- err }()
+	}
+	<-gate.entered
+	<-gate.entered
+	start := time.Now()
+	for i := 0; i < 5; i++ {
+		if _, err := svc.Certificate(ctxFrom("10.0.0.1"), req); status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("request over the bound: %v, want ResourceExhausted", err)
+		}
+	}
+	if waited := time.Since(start); waited > 2*time.Second {
+		t.Fatalf("shed requests waited %v; they must fail at once", waited)
+	}
+	if got := testutil.ToFloat64(m.signerInflight); got != 2 {
+		t.Fatalf("inflight gauge %v, want 2", got)
+	}
+	close(gate.release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := testutil.ToFloat64(m.denied.WithLabelValues("rate_limit")); got != 5 {
+		t.Fatalf("rate_limit denials %v, want 5", got)
+	}
+}
+
+func TestMetricsLabels(t *testing.T) {
+	ca := newTestCA(t, signer.ECDSAP256)
+	fs := &failingSigner{Signer: ca.signer}
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, "tpm", false)
+	svc, err := New(Config{Signer: fs, Credentials: ca.credentials(t, testToken), Metrics: m, RateLimits: RateLimits{PerPeerRate: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := &securityapi.CertificateRequest{Csr: makeCSR(t, csrSpec{key: newKey(t, "p256"), dns: []string{"w"}})}
+	svc.Certificate(ctxFrom("10.0.0.1"), good)
+	svc.Certificate(badCtxFrom("10.0.0.1"), good)
+	svc.Certificate(ctxFrom("10.0.0.1"), &securityapi.CertificateRequest{Csr: []byte("x")})
+	fs.setErr(errors.Join(signer.ErrPolicyNotSatisfied, errors.New("rc")))
+	svc.Certificate(ctxFrom("10.0.0.1"), good)
+	fs.setErr(errors.Join(signer.ErrDeviceUnavailable, errors.New("eof")))
+	svc.Certificate(ctxFrom("10.0.0.1"), good)
+
+	checks := []struct {
+		c    prometheus.Collector
+		want float64
+	}{
+		{m.issued, 1},
+		{m.denied.WithLabelValues("auth"), 1},
+		{m.denied.WithLabelValues("bad_csr"), 1},
+		{m.denied.WithLabelValues("signer"), 2},
+		{m.signerErrors.WithLabelValues("tpm", "policy"), 1},
+		{m.signerErrors.WithLabelValues("tpm", "device"), 1},
+		{m.signerInfo.WithLabelValues("tpm", "false"), 1},
+	}
+	for i, c := range checks {
+		if got := testutil.ToFloat64(c.c); got != c.want {
+			t.Errorf("check %d: %v, want %v", i, got, c.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.signerLatency, "trustd_signer_duration_seconds"); n != 1 {
+		t.Errorf("latency histogram series %d, want 1 (backend=tpm)", n)
+	}
+	if exp := testutil.ToFloat64(m.caExpiry); exp < 9*365*24*3600 {
+		t.Errorf("CA expiry gauge %v", exp)
+	}
+	names := map[string]bool{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+	}
+	for _, n := range []string{"trustd_certificates_issued_total", "trustd_requests_denied_total", "trustd_signer_duration_seconds",
+		"trustd_signer_errors_total", "trustd_os_ca_expiry_seconds", "trustd_signer_info", "trustd_signer_ready"} {
+		if !names[n] {
+			t.Errorf("metric %s not exported", n)
+		}
+	}
+}
+
+func TestReadinessAndHealthEndpoints(t *testing.T) {
+	ca := newTestCA(t, signer.ECDSAP256)
+	fs := &failingSigner{Signer: ca.signer}
+	clk := newFakeClock()
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, "file", true)
+	r := NewReadiness(fs, 30*time.Second, clk.now, m)
+	srv := httptest.NewUnstartedServer(HealthHandler(r, reg))
+	srv.EnableHTTP2 = true
+	srv.Start()
+	defer srv.Close()
+	get := func(path string) int {
+		resp, err := srv.Client().Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c := get("/healthz"); c != 200 {
+		t.Fatalf("/healthz %d", c)
+	}
+	if c := get("/readyz"); c != 200 {
+		t.Fatalf("/readyz %d with a working signer", c)
+	}
+	fs.setErr(errors.Join(signer.ErrDeviceUnavailable, errors.New("gone")))
+	// A failed request signature flips readiness at once.
+	r.Observe(errors.New("sign failed"))
+	if c := get("/readyz"); c != 503 {
+		t.Fatalf("/readyz %d after a failed signature, want 503", c)
+	}
+	// No request traffic: the next probe happens only after window/2.
+	clk.add(20 * time.Second)
+	if c := get("/readyz"); c != 503 {
+		t.Fatalf("/readyz %d with the device gone", c)
+	}
+	fs.setErr(nil)
+	clk.add(20 * time.Second)
+	if c := get("/readyz"); c != 200 {
+		t.Fatalf("/readyz %d after the device came back", c)
+	}
+	if testutil.ToFloat64(m.ready) != 1 {
+		t.Fatal("ready gauge not 1")
+	}
+	if c := get("/metrics"); c != 200 {
+		t.Fatalf("/metrics %d", c)
+	}
+	// gRPC health over cleartext HTTP/2 on the same address.
+	hs := NewHealthServer("127.0.0.1:0", HealthHandler(r, reg))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go hs.Serve(ln)
+	defer hs.Close()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "securityapi.SecurityService"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("gRPC health %v", resp.Status)
+	}
+	r.Observe(errors.New("down"))
+	resp, err = healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil || resp.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("gRPC health after failure: %v %v", resp, err)
+	}
+	hresp, err := http.Get("http://" + ln.Addr().String() + "/healthz")
+	if err != nil || hresp.StatusCode != 200 {
+		t.Fatalf("HTTP/1.1 /healthz on the health server: %v", err)
+	}
+	hresp.Body.Close()
+}
+
+func writeCertDir(t *testing.T, dir string, files map[string][]byte) {
+	t.Helper()
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestReload(t *testing.T) {
+	ca := newTestCA(t, signer.ECDSAP256)
+	other := newTestCA(t, signer.ECDSAP256)
+	// Kubernetes layout: files are symlinks into ..data, which is swapped.
+	root := t.TempDir()
+	mkgen := func(name string, files map[string][]byte) {
+		d := filepath.Join(root, name)
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		writeCertDir(t, d, files)
+		tmp := filepath.Join(root, "..data_tmp")
+		if err := os.Symlink(name, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(root, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mkgen("gen1", map[string][]byte{FileToken: []byte(testToken), FileOSCACert: ca.pem})
+	for _, f := range []string{FileToken, FileOSCACert, FileAcceptedCAs} {
+		if err := os.Symlink(filepath.Join("..data", f), filepath.Join(root, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := CertDir{Dir: root, SignerPublic: ca.signer.Public()}
+	creds, d, err := dir.Credentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, "file", true)
+	svc, err := New(Config{Signer: ca.signer, Credentials: creds, Metrics: m, RateLimits: RateLimits{PerPeerRate: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &Reloader{Dir: dir, Service: svc, Metrics: m, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
+	rl.Prime(d, Digest{})
+	req := &securityapi.CertificateRequest{Csr: makeCSR(t, csrSpec{key: newKey(t, "p256"), dns: []string{"w"}})}
+	tokenCtx := func(tok string) context.Context { return peerCtx("10.0.0.1", tok) }
+
+	rl.Check()
+	if testutil.ToFloat64(m.reloads.WithLabelValues("credentials", "ok")) != 0 {
+		t.Fatal("reloaded without a change")
+	}
+	// A new token and an accepted CA: swapped in without a restart.
+	mkgen("gen2", map[string][]byte{FileToken: []byte("new-token"), FileOSCACert: ca.pem, FileAcceptedCAs: other.pem})
+	rl.Check()
+	if _, err := svc.Certificate(tokenCtx(testToken), req); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("old token after reload: %v", err)
+	}
+	resp, err := svc.Certificate(tokenCtx("new-token"), req)
+	if err != nil {
+		t.Fatalf("new token after reload: %v", err)
+	}
+	if n := strings.Count(string(resp.Ca), "BEGIN CERTIFICATE"); n != 2 {
+		t.Fatalf("bundle has %d CAs after adding accepted-cas.crt, want 2", n)
+	}
+	// A broken CA (does not match the signer) is refused; the old set stays.
+	mkgen("gen3", map[string][]byte{FileToken: []byte("third-token"), FileOSCACert: other.pem})
+	rl.Check()
+	rl.Check()
+	if _, err := svc.Certificate(tokenCtx("new-token"), req); err != nil {
+		t.Fatalf("running credentials lost after a broken reload: %v", err)
+	}
+	if got := testutil.ToFloat64(m.reloads.WithLabelValues("credentials", "error")); got != 1 {
+		t.Fatalf("reload errors %v, want 1 (reported once per broken content)", got)
+	}
+	if !strings.Contains(logs.String(), "reload refused") {
+		t.Fatal("broken reload not logged")
+	}
+	// Fixed content is picked up.
+	mkgen("gen4", map[string][]byte{FileToken: []byte("third-token"), FileOSCACert: ca.pem})
+	rl.Check()
+	if _, err := svc.Certificate(tokenCtx("third-token"), req); err != nil {
+		t.Fatalf("after a good reload: %v", err)
+	}
+	if got := testutil.ToFloat64(m.reloads.WithLabelValues("credentials", "ok")); got != 2 {
+		t.Fatalf("successful reloads %v, want 2", got)
+	}
+}
+
+func TestReloadServingCert(t *testing.T) {
+	ca := newTestCA(t, signer.ECDSAP256)
+	dir := t.TempDir()
+	issue := func(host string) (crt, key []byte) {
+		holder := &CertHolder{}
+		si := &SelfIssuer{Holder: holder, Signer: ca.signer, CA: func() *x509Cert { return ca.cert }, Hosts: func() ([]string, error) { return []string{host}, nil }}
+		if err := si.Issue(); err != nil {
+			t.Fatal(err)
+		}
+		return pemCert(holder.Get()), pemKey(t, holder.Get())
+	}
+	crt, key := issue("one.example")
+	writeCertDir(t, dir, map[string][]byte{FileToken: []byte(testToken), FileOSCACert: ca.pem, FileServerCert: crt, FileServerKey: key})
+	cd := CertDir{Dir: dir, SignerPublic: ca.signer.Public()}
+	creds, d1, err := cd.Credentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, d2, err := cd.ServingCert(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := &CertHolder{}
+	holder.Set(c)
+	svc, _ := New(Config{Signer: ca.signer, Credentials: creds})
+	rl := &Reloader{Dir: cd, Service: svc, Holder: holder}
+	rl.Prime(d1, d2)
+	crt2, key2 := issue("two.example")
+	writeCertDir(t, dir, map[string][]byte{FileServerCert: crt2})
+	rl.Check() // key and certificate do not match yet: refused
+	if holder.Get().Leaf.DNSNames[0] != "one.example" {
+		t.Fatal("mismatched pair installed")
+	}
+	writeCertDir(t, dir, map[string][]byte{FileServerKey: key2})
+	rl.Check()
+	if got := holder.Get().Leaf.DNSNames[0]; got != "two.example" {
+		t.Fatalf("serving certificate %s after reload, want two.example", got)
+	}
+}
