@@ -210,7 +210,9 @@ func (s *Signer) dropLocked(cause error) {
 }
 
 // do runs op with the key loaded, serialized with every other TPM access.
-func (s *Signer) do(ctx context.Context, op func(t transport.TPM, key tpm2.TPMHandle) error) error {
+// policyOp says that op's success proves the policy satisfied (Sign,
+// CheckPolicy), for the once-per-change policy log.
+func (s *Signer) do(ctx context.Context, policyOp bool, op func(t transport.TPM, key tpm2.TPMHandle) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.ensureLocked(ctx); err != nil {
@@ -229,7 +231,7 @@ func (s *Signer) do(ctx context.Context, op func(t transport.TPM, key tpm2.TPMHa
 	}
 	if errors.Is(err, signer.ErrPolicyNotSatisfied) {
 		s.setPolicyStateLocked(false, err)
-	} else if err == nil {
+	} else if err == nil && policyOp {
 		s.setPolicyStateLocked(true, nil)
 	}
 	return err
@@ -321,7 +323,7 @@ func (s *Signer) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byt
 	}
 	d, hashAlg := s.tpmDigest(digest)
 	var r, sv []byte
-	err := s.do(context.Background(), func(t transport.TPM, key tpm2.TPMHandle) error {
+	err := s.do(context.Background(), true, func(t transport.TPM, key tpm2.TPMHandle) error {
 		var err error
 		r, sv, err = s.signOp(t, key, d, hashAlg)
 		return err
@@ -376,7 +378,7 @@ func encodeSig(r, s []byte) ([]byte, error) {
 // satisfy the key's policy: nil, or an error wrapping
 // signer.ErrPolicyNotSatisfied (or signer.ErrDeviceUnavailable).
 func (s *Signer) CheckPolicy(ctx context.Context) error {
-	return s.do(ctx, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	return s.do(ctx, true, func(t transport.TPM, _ tpm2.TPMHandle) error {
 		sess, closeSess, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
 		if err != nil {
 			return fmt.Errorf("start policy session (TPM2_StartAuthSession): %w", err)
@@ -400,7 +402,7 @@ func (s *Signer) CheckPolicy(ctx context.Context) error {
 // to, by index.
 func (s *Signer) PCRValues(ctx context.Context) (map[int][]byte, error) {
 	var vals [][]byte
-	err := s.do(ctx, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error {
 		var err error
 		vals, err = ReadPCRs(t, s.km.pcrs)
 		return err

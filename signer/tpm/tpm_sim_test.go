@@ -13,6 +13,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -122,7 +123,8 @@ func TestOpenReloads(t *testing.T) {
 
 func TestPolicyRefusesAfterExtend(t *testing.T) {
 	sim := tpmsim.NewSimulator(t)
-	b := &tpm.Backend{Dial: sim.Dial}
+	var logs bytes.Buffer
+	b := &tpm.Backend{Dial: sim.Dial, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	s, err := b.Generate(ctx, blobURI(t, "pcrs=7,11"), signer.ECDSAP256)
 	if err != nil {
 		t.Fatal(err)
@@ -150,6 +152,14 @@ func TestPolicyRefusesAfterExtend(t *testing.T) {
 	}
 	if err := ts.CheckPolicy(ctx); !errors.Is(err, signer.ErrPolicyNotSatisfied) {
 		t.Fatalf("CheckPolicy after extend = %v", err)
+	}
+	for i := 0; i < 5; i++ {
+		if _, err := s.Sign(nil, d[:], crypto.SHA256); !errors.Is(err, signer.ErrPolicyNotSatisfied) {
+			t.Fatal(err)
+		}
+	}
+	if n := strings.Count(logs.String(), "policy not satisfied; signing is refused"); n != 1 {
+		t.Fatalf("policy failure logged %d times, want once per state change:\n%s", n, logs.String())
 	}
 }
 
