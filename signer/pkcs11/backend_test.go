@@ -472,53 +472,78 @@ func TestFaults(t *testing.T) {
 	}
 }
 
-// TestTokenReinitialised: a re-initialised token has lost the key; the
-// signer stays unavailable and never signs with a new key that took the
-// old one's label and id.
+// TestTokenReinitialised: a re-initialised token has lost the key. The
+// signer stays unavailable; it never signs with a new key that took the
+// old one's label and id, and it recovers when the same key is imported
+// again.
 func TestTokenReinitialised(t *testing.T) {
-	tok := newToken(t)
-	b := &Backend{}
-	s := mustGenerate(t, b, tok.URI("os-ca", []byte{1}), signer.ECDSAP256)
-	must(t, tok.Reinit())
-	d := sha256.Sum256([]byte("m"))
-	if _, err := s.Sign(nil, d[:], crypto.SHA256); !errors.Is(err, signer.ErrDeviceUnavailable) {
-		t.Fatalf("Sign after re-init = %v, want ErrDeviceUnavailable", err)
+	for _, tc := range []struct {
+		name     string
+		sameKey  bool
+		wantMsg  string // in the Sign error while the wrong key is there
+		recovers bool
+	}{
+		{"impostor key", false, "not the key that was opened", false},
+		{"same key re-imported", true, "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tok := newToken(t)
+			b := &Backend{}
+			key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			uri := tok.URI("os-ca", []byte{1})
+			s0, err := b.Import(context.Background(), uri, key)
+			must(t, err)
+			s := s0.(*Signer)
+			defer s.Close()
+			must(t, tok.Reinit())
+			d := sha256.Sum256([]byte("m"))
+			if _, err := s.Sign(nil, d[:], crypto.SHA256); !errors.Is(err, signer.ErrDeviceUnavailable) {
+				t.Fatalf("Sign after re-init = %v, want ErrDeviceUnavailable", err)
+			}
+			// Wait for the signer to have re-initialised the module and
+			// found the token without the key.
+			waitErr(t, s, func(err error) bool { return errors.Is(err, signer.ErrKeyNotFound) })
+			// Another application puts a key under the same label and id.
+			b2 := &Backend{}
+			var again signer.Signer
+			if tc.sameKey {
+				again, err = b2.Import(context.Background(), uri, key)
+			} else {
+				again, err = b2.Generate(context.Background(), uri, signer.ECDSAP256)
+			}
+			must(t, err)
+			defer again.Close()
+			if tc.recovers {
+				waitSign(t, s, 10*time.Second)
+				return
+			}
+			waitErr(t, s, func(err error) bool { return strings.Contains(err.Error(), tc.wantMsg) })
+		})
 	}
-	// Wait for the signer to have re-initialised the module and found the
-	// token without the key.
+}
+
+// waitErr signs until the error satisfies ok; every error on the way
+// must be ErrDeviceUnavailable, and no signature may succeed.
+func waitErr(t *testing.T, s *Signer, ok func(error) bool) {
+	t.Helper()
+	d := sha256.Sum256([]byte("m"))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := s.Sign(nil, d[:], crypto.SHA256)
+		if err == nil {
+			t.Fatal("signer signed while its key was gone or replaced")
+		}
 		if !errors.Is(err, signer.ErrDeviceUnavailable) {
 			t.Fatalf("Sign = %v, want ErrDeviceUnavailable", err)
 		}
-		if errors.Is(err, signer.ErrKeyNotFound) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("signer did not report the key missing: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	// An impostor key under the same label and id.
-	b2 := &Backend{}
-	imp, err := b2.Generate(context.Background(), tok.URI("os-ca", []byte{1}), signer.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer imp.Close()
-	deadline = time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		_, err := s.Sign(nil, d[:], crypto.SHA256)
-		if err == nil {
-			t.Fatal("signer signed with the key that replaced the opened one")
-		}
-		if strings.Contains(err.Error(), "not the key that was opened") {
+		if ok(err) {
 			return
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("expected error not seen; last: %v", err)
+		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatal("signer never reported the replaced key")
 }
 
 // TestWrongPINOnReconnect: the token's PIN changed under the signer; the
