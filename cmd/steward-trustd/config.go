@@ -47,6 +47,7 @@ func settings() []setting {
 		{"peer-burst", "TRUSTD_PEER_BURST", "burst of requests allowed from one address (default 20)", false},
 		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "requests that may hold or wait for the signer; more get ResourceExhausted (default 64)", false},
 		{"reload-interval", "TRUSTD_RELOAD_INTERVAL", "how often the cert dir is checked for changes (default 5s)", false},
+	{"ready-window", "TRUSTD_READY_WINDOW", "the signer counts as ready for this long after a good signature; idle, it is probed every half window (default 30s)", false},
 	}
 }
 
@@ -97,6 +98,7 @@ type config struct {
 	healthAddr     string
 	rates          server.RateLimits
 	reloadInterval time.Duration
+	readyWindow    time.Duration
 }
 
 // configError names the setting at fault, so the daemon exits with one
@@ -200,15 +202,25 @@ func loadConfig(get lookup) (*config, error) {
 	if c.rates.MaxSignerQueue, err = intSetting(get, "signer-queue"); err != nil {
 		return nil, err
 	}
-	c.reloadInterval = 5 * time.Second
-	if v, ok := get("reload-interval"); ok && v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < 100*time.Millisecond {
-			return nil, bad("reload-interval", "%q is not a duration of at least 100ms", v)
-		}
-		c.reloadInterval = d
+	if c.reloadInterval, err = durationSetting(get, "reload-interval", 5*time.Second); err != nil {
+		return nil, err
+	}
+	if c.readyWindow, err = durationSetting(get, "ready-window", 30*time.Second); err != nil {
+		return nil, err
 	}
 	return c, nil
+}
+
+func durationSetting(get lookup, name string, def time.Duration) (time.Duration, error) {
+	v, ok := get(name)
+	if !ok || v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 100*time.Millisecond {
+		return 0, bad(name, "%q is not a duration of at least 100ms", v)
+	}
+	return d, nil
 }
 
 func floatSetting(get lookup, name string) (float64, error) {

@@ -52,7 +52,7 @@ func serve(ctx context.Context, cfg *config, logOut io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := server.NewMetrics(reg, d.Backend, d.Extractable)
-	readiness := server.NewReadiness(sgn, 30*time.Second, nil, metrics)
+	readiness := server.NewReadiness(sgn, cfg.readyWindow, nil, metrics)
 
 	dir := server.CertDir{Dir: cfg.certDir, Token: cfg.token, CACert: cfg.caPEM, SignerPublic: sgn.Public()}
 	creds, credsDigest, err := dir.Credentials()
@@ -98,7 +98,7 @@ func serve(ctx context.Context, cfg *config, logOut io.Writer) error {
 		go selfIssuer.Run(runCtx, time.Minute)
 	}
 	go reloader.Run(runCtx, cfg.reloadInterval)
-	go readiness.Run(runCtx, 10*time.Second)
+	go readiness.Run(runCtx, cfg.readyWindow/3)
 
 	var health *http.Server
 	errc := make(chan error, 2)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,7 +35,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/steward-trustd", "./cmd/steward-trustd-gencreds")
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/steward-trustd", "./cmd/steward-trustd-gencreds", "./cmd/steward-trustd-ceremony")
 	build.Dir = filepath.Join("..", "..")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -173,3 +174,37 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 }
 
 func removeFile(path string) error { return os.Remove(path) }
+
+// ceremony runs steward-trustd-ceremony with env added to ours.
+func ceremony(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "steward-trustd-ceremony"), args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("ceremony %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// get fetches url and returns the status code (0 when unreachable).
+func get(url string) int {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// eventually polls cond every 200ms until it holds or d passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
