@@ -1,0 +1,277 @@
+// Package ceremony_test runs steward-trustd-ceremony end to end, as a
+// binary, against the file backend, SoftHSMv2 and swtpm, with the
+// steward-trustd daemon serving the ceremony's output directory.
+package ceremony_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/keystore/apidtest"
+)
+
+// binDir holds the binaries built once by TestMain.
+var binDir string
+
+func TestMain(m *testing.M) { os.Exit(runMain(m)) }
+
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "steward-ceremony-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/steward-trustd", "./cmd/steward-trustd-ceremony", "./cmd/steward-trustd-gencreds")
+	build.Dir = filepath.Join("..", "..")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build binaries:", err)
+		return 1
+	}
+	binDir = dir
+	return m.Run()
+}
+
+// result is one ceremony run.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+// ceremony runs steward-trustd-ceremony with env added to a clean
+// environment.
+func ceremony(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "steward-trustd-ceremony"), args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return result{code, out.String(), errb.String()}
+}
+
+// mustCeremony runs the ceremony and fails the test unless it exits 0.
+func mustCeremony(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	r := ceremony(t, env, args...)
+	if r.code != 0 {
+		t.Fatalf("steward-trustd-ceremony %s: %s", strings.Join(args, " "), r)
+	}
+	return r
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
+func (l *lockedBuffer) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+// daemon is a running steward-trustd.
+type daemon struct {
+	cmd  *exec.Cmd
+	addr string
+	logs *lockedBuffer
+	done chan error
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startDaemon runs steward-trustd on a free loopback port serving certDir
+// with the key at signerURI, and waits until it listens.
+func startDaemon(t *testing.T, certDir, signerURI string, env ...string) *daemon {
+	t.Helper()
+	port := freePort(t)
+	cmd := exec.Command(filepath.Join(binDir, "steward-trustd"))
+	cmd.Env = append([]string{
+		"PATH=" + os.Getenv("PATH"),
+		"TRUSTD_LISTEN_ADDRESS=127.0.0.1",
+		fmt.Sprintf("TRUSTD_PORT=%d", port),
+		"TRUSTD_CERT_DIR=" + certDir,
+		"TRUSTD_SIGNER=" + signerURI,
+	}, env...)
+	d := &daemon{cmd: cmd, addr: fmt.Sprintf("127.0.0.1:%d", port), logs: &lockedBuffer{}, done: make(chan error, 1)}
+	pr, pw := io.Pipe()
+	cmd.Stdout = d.logs
+	cmd.Stderr = io.MultiWriter(d.logs, pw)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	listening := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(pr)
+		var once sync.Once
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "steward-trustd listening") {
+				once.Do(func() { close(listening) })
+			}
+		}
+	}()
+	go func() { d.done <- cmd.Wait(); pw.Close() }()
+	t.Cleanup(func() { d.stop(t) })
+	select {
+	case <-listening:
+	case err := <-d.done:
+		d.done <- err
+		t.Fatalf("daemon exited before listening: %v\n%s", err, d.logs.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("daemon did not listen within 60s\n%s", d.logs.String())
+	}
+	return d
+}
+
+// stop sends SIGINT and waits for the exit.
+func (d *daemon) stop(t *testing.T) {
+	if d.cmd.ProcessState != nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(os.Interrupt)
+	select {
+	case err := <-d.done:
+		d.done <- err
+	case <-time.After(20 * time.Second):
+		_ = d.cmd.Process.Kill()
+		t.Errorf("daemon did not stop within 20s of SIGINT\n%s", d.logs.String())
+	}
+}
+
+// workerCertificate asks the daemon for a certificate exactly as a worker
+// does (TLS verified against the worker config's CAs, token metadata) and
+// returns the `ca` bundle and a serving certificate for 127.0.0.1 that an
+// apid-like server can use.
+func workerCertificate(t *testing.T, addr string, wc *keystore.WorkerConfig) ([]*x509.Certificate, tls.Certificate) {
+	t.Helper()
+	roots := x509.NewCertPool()
+	roots.AddCert(wc.CA)
+	for _, c := range wc.AcceptedCAs {
+		roots.AddCert(c)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject: pkix.Name{CommonName: "worker", Organization: []string{"os:server"}}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "token", wc.Token), 30*time.Second)
+	defer cancel()
+	resp, err := securityapi.NewSecurityServiceClient(cc).Certificate(ctx, &securityapi.CertificateRequest{Csr: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})})
+	if err != nil {
+		t.Fatalf("worker certificate request: %v", err)
+	}
+	bundle, err := keystore.ParseCertificates(resp.GetCa())
+	if err != nil {
+		t.Fatalf("returned ca: %v", err)
+	}
+	crt, err := keystore.ParseCertificate(resp.GetCrt())
+	if err != nil {
+		t.Fatalf("returned crt: %v", err)
+	}
+	return bundle, tls.Certificate{Certificate: [][]byte{crt.Raw}, PrivateKey: key, Leaf: crt}
+}
+
+// apid starts an apid-like server the way a worker runs it after asking
+// the daemon: serving with the daemon-issued certificate, client CAs =
+// the returned bundle.
+func apid(t *testing.T, d *daemon, wc *keystore.WorkerConfig) (*apidtest.Server, int) {
+	t.Helper()
+	bundle, serving := workerCertificate(t, d.addr, wc)
+	srv, err := apidtest.Start(serving, bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv, len(bundle)
+}
+
+func workerConfig(t *testing.T, path string) *keystore.WorkerConfig {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc, err := keystore.ParseWorkerConfig(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wc
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// writeCSR writes a PEM CSR for a fresh P-256 key.
+func writeCSR(t *testing.T, path, cn string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
