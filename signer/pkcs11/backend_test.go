@@ -365,6 +365,16 @@ func TestWrongPIN(t *testing.T) {
 	if strings.Contains(err.Error(), wrongPIN) {
 		t.Fatalf("error %q contains the PIN", err)
 	}
+	// An unreadable pin-source stops before the module is even loaded, so
+	// no login (with an empty PIN) can have been attempted.
+	b2 := &Backend{}
+	_, err = b2.Open(context.Background(), "pkcs11:token=trustd;object=os-ca?module-path="+tok.ModulePath+"&pin-source=file:"+filepath.Join(t.TempDir(), "missing"))
+	if !errors.Is(err, signer.ErrAuthentication) || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Open with a missing PIN file = %v", err)
+	}
+	if len(b2.mods.m) != 0 {
+		t.Fatal("the module was loaded although the PIN could not be read")
+	}
 	// The right PIN still works: one failure did not lock the token.
 	s2 := mustOpen(t, b, tok.URI("os-ca", nil))
 	must(t, signAndVerify(s2, []byte("ok")))

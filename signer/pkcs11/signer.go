@@ -154,7 +154,9 @@ func (s *Signer) get() (session, error) {
 	h, err := s.mod.ctx.OpenSession(c.slot, p11.CKF_SERIAL_SESSION)
 	if err != nil {
 		err = wrap("C_OpenSession", err)
-		s.fail(c.id, err)
+		if deviceLost(err) {
+			s.fail(c.id, err)
+		}
 		return session{}, err
 	}
 	return session{h: h, connID: c.id, modGen: c.modGen, key: c.key}, nil
