@@ -541,3 +541,27 @@ func TestStatus(t *testing.T) {
 		t.Errorf("mismatched, expired CA reported as %+v", st.CA)
 	}
 }
+
+func TestServerCertUpdatesSecret(t *testing.T) {
+	c := newCeremony(t)
+	root := t.TempDir()
+	uri, d := initCA(t, c, root)
+	if _, _, err := c.ServerCert(context.Background(), d, keystore.ServerCertOptions{SignerURI: uri, CA: mustCA(t, d, keystore.FileCACert), Hosts: []string{"127.0.0.1"}, Out: d}); err != nil {
+		t.Fatal(err)
+	}
+	var sec struct {
+		Data map[string]string `yaml:"data"`
+	}
+	if err := yaml.Unmarshal(readFile(t, d.Path(keystore.FileKubernetesSecret)), &sec); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{keystore.FileCACert, keystore.FileToken, keystore.FileServerCert, keystore.FileServerKey} {
+		got, err := base64.StdEncoding.DecodeString(sec.Data[n])
+		if err != nil || !bytes.Equal(got, readFile(t, d.Path(n))) {
+			t.Errorf("secret %s does not match the file (%v)", n, err)
+		}
+	}
+	if len(sec.Data) != 4 {
+		t.Errorf("secret keys %d, want 4", len(sec.Data))
+	}
+}

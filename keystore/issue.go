@@ -258,8 +258,52 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 		{Dir: o.Out, File: File{Name: FileServerKey, Data: keyPEM, Mode: 0o600}, Overwrite: o.Force},
 		{Dir: o.Out, File: File{Name: FileServerCert, Data: EncodeCertificates(cert), Mode: 0o600}, Overwrite: o.Force},
 	}
+	// In a ceremony directory the Secret manifest is the daemon's cert
+	// dir: keep it in step with the new serving certificate.
+	secret, err := refreshedSecret(o.Out, o.CA, map[string][]byte{FileServerKey: keyPEM, FileServerCert: EncodeCertificates(cert)})
+	if err != nil {
+		return nil, nil, fmt.Errorf("server-cert: %w", err)
+	}
+	if secret != nil {
+		out = append(out, Placed{Dir: o.Out, File: *secret, Overwrite: true})
+		r.Files = append(r.Files, o.Out.Path(secret.Name))
+	}
 	if err := c.writeWithReceipt(receipts, r, out); err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
 	return cert, &Outcome{Receipt: r, Written: r.Files}, nil
+}
+
+// refreshedSecret rebuilds kubernetes-secret.yaml of a ceremony directory
+// (one holding os-ca.crt of ca and a token) with the files in extra
+// replaced; it returns nil for any other directory.
+func refreshedSecret(d Dir, ca *x509.Certificate, extra map[string][]byte) (*File, error) {
+	caData, err := readOptional(d, FileCACert)
+	if err != nil || caData == nil {
+		return nil, err
+	}
+	cur, err := ParseCertificate(caData)
+	if err != nil || !cur.Equal(ca) {
+		return nil, nil //nolint:nilerr // not this CA's ceremony directory
+	}
+	tok, err := readOptional(d, FileToken)
+	if err != nil || len(tok) == 0 {
+		return nil, err
+	}
+	content := map[string][]byte{FileCACert: caData, FileToken: tok}
+	acc, err := readOptional(d, FileAcceptedCAs)
+	if err != nil {
+		return nil, err
+	}
+	if acc != nil {
+		content[FileAcceptedCAs] = acc
+	}
+	for n, b := range extra {
+		content[n] = b
+	}
+	data, err := KubernetesSecret(secretCluster(ca), content)
+	if err != nil {
+		return nil, err
+	}
+	return &File{Name: FileKubernetesSecret, Data: data, Mode: 0o600}, nil
 }
