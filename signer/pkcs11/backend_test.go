@@ -223,8 +223,7 @@ func TestExtractableRefused(t *testing.T) {
 	b := &Backend{}
 	// Load the module through the Backend first: it then owns the
 	// library's initialisation.
-	anchor := mustGenerate(t, b, tok.URI("anchor", nil), signer.ECDSAP256)
-	_ = anchor
+	mustGenerate(t, b, tok.URI("anchor", nil), signer.ECDSAP256)
 	r := newRaw(t, tok)
 	for _, tc := range []struct {
 		label                  string

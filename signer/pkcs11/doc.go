@@ -34,8 +34,11 @@
 // Signer to notice calls C_Initialize again and every Signer reconnects.
 // When a Signer's token is gone and no Signer on the module is healthy, it
 // re-initialises the module to make it rescan tokens. Use one Backend per
-// process (cmd/ does): a second Backend sharing the library works, but its
-// finalize breaks the other's sessions (they then reconnect).
+// process (cmd/ does). A second Backend on the same library works: its
+// C_Initialize gets CKR_CRYPTOKI_ALREADY_INITIALIZED and it never
+// finalizes, but when the first Backend's last Signer closes and finalizes
+// the library, the second Backend's Signers lose their sessions and
+// reconnect.
 package pkcs11
 
 // Scheme is the key URI scheme of this backend.
