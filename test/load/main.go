@@ -56,6 +56,8 @@ type options struct {
 	print      bool
 	rssPID     int
 	reqTimeout time.Duration
+	reuse      bool
+	sources    bool
 }
 
 func main() {
@@ -77,6 +79,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.print, "print", false, "print each issued certificate's subject, SANs and validity")
 	fs.IntVar(&o.rssPID, "daemon-pid", 0, "report this process's peak RSS (VmHWM) at the end")
 	fs.DurationVar(&o.reqTimeout, "timeout", 10*time.Second, "per-attempt timeout (Talos uses 10s)")
+	fs.BoolVar(&o.reuse, "reuse", false, "keep one connection per concurrent client (measures issuance, not TLS handshakes)")
+	fs.BoolVar(&o.sources, "spread-sources", false, "give each simulated worker its own 127.x.y.z source address, as a fleet has (per-address rate limits apply per worker)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -163,6 +167,12 @@ func runLoad(o options, stdout io.Writer) (*result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var kept *grpc.ClientConn // with -reuse: this client's connection
+			defer func() {
+				if kept != nil {
+					kept.Close()
+				}
+			}()
 			for {
 				i := next.Add(1) - 1
 				if i >= int64(o.requests) || ctx.Err() != nil {
@@ -176,7 +186,11 @@ func runLoad(o options, stdout io.Writer) (*result, error) {
 						return
 					}
 				}
-				boot(ctx, o, tlsCfg, strings.TrimSpace(string(token)), res, stdout)
+				var source netip.Addr
+				if o.sources {
+					source = sourceFor(i)
+				}
+				boot(ctx, o, tlsCfg, source, strings.TrimSpace(string(token)), res, stdout, &kept)
 			}
 		}()
 	}
@@ -187,9 +201,13 @@ func runLoad(o options, stdout io.Writer) (*result, error) {
 
 // boot is one worker obtaining its certificate: a fresh key and CSR, and
 // per attempt a fresh connection, retried with Talos-like backoff if asked.
-func boot(ctx context.Context, o options, tlsCfg *tls.Config, token string, res *result, stdout io.Writer) {
+func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr, token string, res *result, stdout io.Writer, kept **grpc.ClientConn) {
 	arrived := time.Now()
-	key, csr, err := newCSR(o.keyType)
+	ip := net.IPv4(127, 0, 0, 1)
+	if source.IsValid() {
+		ip = source.AsSlice()
+	}
+	key, csr, err := newCSR(o.keyType, ip)
 	if err != nil {
 		res.addErr(codes.Internal)
 		return
@@ -197,7 +215,20 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, token string, res 
 	backoff := 250 * time.Millisecond
 	for {
 		t0 := time.Now()
-		crt, err := attempt(ctx, o, tlsCfg, token, csr)
+		conn := *kept
+		if conn == nil {
+			conn, err = dial(o, tlsCfg, source)
+			if err != nil {
+				res.addErr(codes.Internal)
+				return
+			}
+		}
+		crt, err := attempt(ctx, o, conn, token, csr)
+		if o.reuse {
+			*kept = conn
+		} else {
+			conn.Close()
+		}
 		if err == nil {
 			lat := time.Since(t0)
 			res.mu.Lock()
@@ -225,12 +256,25 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, token string, res 
 	}
 }
 
-func attempt(ctx context.Context, o options, tlsCfg *tls.Config, token string, csr []byte) ([]byte, error) {
-	conn, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg.Clone())))
-	if err != nil {
-		return nil, err
+// dial opens a connection to the daemon, from source when it is valid.
+func dial(o options, tlsCfg *tls.Config, source netip.Addr) (*grpc.ClientConn, error) {
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg.Clone()))}
+	if source.IsValid() {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: source.AsSlice()}}
+		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", addr)
+		}))
 	}
-	defer conn.Close()
+	return grpc.NewClient(o.addr, opts...)
+}
+
+// sourceFor returns worker i's loopback source address: 127.1.0.1,
+// 127.1.0.2, ... skipping .0 and .255 octets.
+func sourceFor(i int64) netip.Addr {
+	return netip.AddrFrom4([4]byte{127, byte(1 + i/(254*254)%254), byte(i/254%254 + 1), byte(i%254 + 1)})
+}
+
+func attempt(ctx context.Context, o options, conn *grpc.ClientConn, token string, csr []byte) ([]byte, error) {
 	actx, cancel := context.WithTimeout(ctx, o.reqTimeout)
 	defer cancel()
 	actx = metadata.AppendToOutgoingContext(actx, "token", token)
@@ -256,7 +300,7 @@ func attempt(ctx context.Context, o options, tlsCfg *tls.Config, token string, c
 	return resp.Crt, nil
 }
 
-func newCSR(keyType string) (crypto.Signer, []byte, error) {
+func newCSR(keyType string, ip net.IP) (crypto.Signer, []byte, error) {
 	var key crypto.Signer
 	var err error
 	if keyType == "ed25519" {
@@ -271,7 +315,7 @@ func newCSR(keyType string) (crypto.Signer, []byte, error) {
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
 		Subject:     pkix.Name{CommonName: host},
 		DNSNames:    []string{host},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		IPAddresses: []net.IP{ip},
 	}, key)
 	if err != nil {
 		return nil, nil, err
@@ -317,8 +361,8 @@ func (r *result) report(w io.Writer, o options) {
 	sort.Slice(r.latencies, func(i, j int) bool { return r.latencies[i] < r.latencies[j] })
 	sort.Slice(r.boots, func(i, j int) bool { return r.boots[i] < r.boots[j] })
 	rate := float64(r.issued) / r.elapsed.Seconds()
-	fmt.Fprintf(w, "certificates: %d/%d in %s (%.1f/s) workers=%d ramp=%s retry=%v key=%s\n",
-		r.issued, o.requests, r.elapsed.Round(time.Millisecond), rate, o.workers, o.ramp, o.retry, o.keyType)
+	fmt.Fprintf(w, "certificates: %d/%d in %s (%.1f/s) workers=%d ramp=%s retry=%v key=%s reuse=%v\n",
+		r.issued, o.requests, r.elapsed.Round(time.Millisecond), rate, o.workers, o.ramp, o.retry, o.keyType, o.reuse)
 	if len(r.latencies) > 0 {
 		fmt.Fprintf(w, "attempt latency: p50=%s p99=%s max=%s\n",
 			percentile(r.latencies, 0.50).Round(time.Microsecond), percentile(r.latencies, 0.99).Round(time.Microsecond), r.latencies[len(r.latencies)-1].Round(time.Microsecond))

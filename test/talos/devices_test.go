@@ -11,7 +11,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -41,7 +40,7 @@ type deviceDaemon struct {
 // ceremony and the daemon, e.g. SOFTHSM2_CONF) and starts the daemon on
 // the resulting directory, with no serving certificate on disk: the daemon
 // issues its own through the device.
-func startOnDevice(t *testing.T, uri string, env ...string) *deviceDaemon {
+func startOnDevice(t testing.TB, uri string, env ...string) *deviceDaemon {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "ceremony")
 	ceremony(t, env, "init", "--signer", uri, "--cluster", "e2e", "--out", out)
@@ -75,7 +74,7 @@ func (d *deviceDaemon) talosWorkers(t *testing.T) {
 
 // client is a plain SecurityService client for checking exact codes
 // (RemoteGenerator retries and wraps them).
-func (d *deviceDaemon) client(t *testing.T) securityapi.SecurityServiceClient {
+func (d *deviceDaemon) client(t testing.TB) securityapi.SecurityServiceClient {
 	t.Helper()
 	roots := stdx509.NewCertPool()
 	roots.AppendCertsFromPEM(d.caPEM)
@@ -240,5 +239,4 @@ func TestPKCS11Backend(t *testing.T) {
 		eventually(t, 30*time.Second, "issuance after the token returned", func() bool { return d.request(c) == codes.OK })
 		eventually(t, 10*time.Second, "readyz 200 after the token returned", func() bool { return get(d.health+"/readyz") == 200 })
 	})
-	_ = os.Remove
 }

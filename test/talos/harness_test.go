@@ -53,7 +53,7 @@ func requireDevices() bool {
 }
 
 // needTool fails (when devices are required) or skips when a tool is missing.
-func needTool(t *testing.T, tool string) {
+func needTool(t testing.TB, tool string) {
 	t.Helper()
 	if _, err := exec.LookPath(tool); err != nil {
 		if requireDevices() {
@@ -64,7 +64,7 @@ func needTool(t *testing.T, tool string) {
 }
 
 // gencreds writes file credentials into a fresh directory.
-func gencreds(t *testing.T, args ...string) string {
+func gencreds(t testing.TB, args ...string) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "certs")
 	out, err := exec.Command(filepath.Join(binDir, "steward-trustd-gencreds"), append([]string{"-cluster", "e2e", "-output", dir}, args...)...).CombinedOutput()
@@ -94,7 +94,7 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 }
 func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -106,7 +106,7 @@ func freePort(t *testing.T) int {
 
 // startDaemon runs steward-trustd on a free loopback port with env added
 // to a clean environment, and waits until it listens.
-func startDaemon(t *testing.T, env ...string) *daemon {
+func startDaemon(t testing.TB, env ...string) *daemon {
 	t.Helper()
 	port := freePort(t)
 	cmd := exec.Command(filepath.Join(binDir, "steward-trustd"))
@@ -145,7 +145,7 @@ func startDaemon(t *testing.T, env ...string) *daemon {
 }
 
 // stop sends SIGTERM and waits for a clean exit.
-func (d *daemon) stop(t *testing.T) {
+func (d *daemon) stop(t testing.TB) {
 	if d.cmd.ProcessState != nil {
 		return
 	}
@@ -162,7 +162,7 @@ func (d *daemon) stop(t *testing.T) {
 	}
 }
 
-func readFile(t *testing.T, path string) []byte {
+func readFile(t testing.TB, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -171,7 +171,7 @@ func readFile(t *testing.T, path string) []byte {
 	return b
 }
 
-func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+func ctxTimeout(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
@@ -180,7 +180,7 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 func removeFile(path string) error { return os.Remove(path) }
 
 // ceremony runs steward-trustd-ceremony with env added to ours.
-func ceremony(t *testing.T, env []string, args ...string) string {
+func ceremony(t testing.TB, env []string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, "steward-trustd-ceremony"), args...)
 	cmd.Env = append(os.Environ(), env...)
@@ -202,7 +202,7 @@ func get(url string) int {
 }
 
 // eventually polls cond every 200ms until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
