@@ -1,18 +1,54 @@
 #!/usr/bin/env bash
-# Runs a real steward-trustd on loopback with credentials generated on the
-# first run (kept in $LOCAL/certs). Ctrl-C stops it.
+# Runs a real steward-trustd on loopback. Default: the OS CA key lives in a
+# swtpm TPM simulator (state in $LOCAL/swtpm), created on the first run by
+# the key ceremony; RUN_LOCAL_SIGNER=file uses file credentials instead.
+# Ctrl-C stops the daemon and the simulator.
 set -euo pipefail
 bin=$1 local=$2 port=$3
-certs=$local/certs
-if [ ! -f "$certs/os-ca.crt" ]; then
-  "$bin/steward-trustd-gencreds" -cluster local -output "$certs" -san 127.0.0.1 -san localhost
-fi
+mode=${RUN_LOCAL_SIGNER:-tpm}
+mkdir -p "$local"
+local=$(cd "$local" && pwd)
+health=127.0.0.1:$((port + 1))
+
+case "$mode" in
+file)
+  certs=$local/certs
+  if [ ! -f "$certs/os-ca.crt" ]; then
+    "$bin/steward-trustd-gencreds" -cluster local -output "$certs" -san 127.0.0.1 -san localhost
+  fi
+  signer="file:$certs/os-ca.key"
+  ;;
+tpm)
+  certs=$local/tpm-certs
+  state=$local/swtpm
+  mkdir -p "$state"
+  sock=$state/tpm.sock
+  rm -f "$sock" "$state/ctrl.sock"
+  swtpm socket --tpm2 --tpmstate "dir=$state" \
+    --server "type=unixio,path=$sock" --ctrl "type=unixio,path=$state/ctrl.sock" \
+    --flags not-need-init,startup-clear --log "file=$state/swtpm.log" &
+  swtpm_pid=$!
+  trap 'kill $swtpm_pid 2>/dev/null || true' EXIT
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+  signer="tpm:path=$local/os-ca.tpmkey;socket=$sock;pcrs=7"
+  if [ ! -f "$certs/os-ca.crt" ]; then
+    "$bin/steward-trustd-ceremony" init --signer "$signer" --cluster local --out "$certs"
+  fi
+  ;;
+*)
+  echo "RUN_LOCAL_SIGNER must be tpm or file, not $mode" >&2
+  exit 2
+  ;;
+esac
+
 cat >&2 <<MSG
 
-steward-trustd on 127.0.0.1:$port (file signer, credentials in $certs).
+steward-trustd on 127.0.0.1:$port, signer $mode ($signer)
+credentials in $certs; health and metrics on http://$health (/healthz /readyz /metrics)
 Request a certificate as a Talos worker would, from another terminal:
   go run ./test/load -addr 127.0.0.1:$port -certs $certs -workers 1 -requests 1 -print
 
 MSG
-export TRUSTD_CERT_DIR=$certs TRUSTD_LISTEN_ADDRESS=127.0.0.1 TRUSTD_PORT=$port
-exec "$bin/steward-trustd"
+export TRUSTD_CERT_DIR=$certs TRUSTD_SIGNER=$signer TRUSTD_LISTEN_ADDRESS=127.0.0.1 TRUSTD_PORT=$port \
+  TRUSTD_HEALTH_ADDR=$health TRUSTD_CERT_SANS=localhost
+"$bin/steward-trustd"

@@ -234,7 +234,7 @@ func (s *Service) writeAudit(ctx context.Context, rec auditRecord, err error) {
 		slog.String("outcome", outcome(err)),
 		slog.String("peer", rec.peer.String()),
 		slog.Int("csr_bytes", rec.csrBytes),
-		slog.Duration("duration", rec.duration),
+		slog.Float64("duration_ms", float64(rec.duration.Microseconds())/1000),
 	}
 	if s.tenant != "" {
 		attrs = append(attrs, slog.String("tenant", s.tenant))
