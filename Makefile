@@ -12,7 +12,7 @@ PORT      ?= 50001
 # Tests that need swtpm or SoftHSMv2 fail instead of skipping when set.
 export STEWARD_REQUIRE_DEVICES = 1
 
-.PHONY: all deps build build-all build-gencreds build-ceremony run-local test test-unit test-talos test-coverage lint fuzz bench docker-build docker-buildx clean
+.PHONY: all deps build build-all build-gencreds build-ceremony run-local test test-unit test-talos test-coverage lint fuzz bench fleet-boot docker-build docker-buildx clean
 
 all: build-all
 
@@ -64,6 +64,12 @@ fuzz:
 
 bench: deps
 	$(GO) test -run=XXX -bench=. -benchtime=2s ./...
+	cd test/talos && $(GO) test -run=XXX -bench=. -benchtime=3s ./...
+
+# 5,000 workers arriving within 10 s against the file, SoftHSM and swtpm backends.
+fleet-boot: deps build-all
+	$(GO) build -o $(BIN)/ ./test/load
+	./hack/fleet-boot.sh $(BIN)
 
 docker-build:
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .

@@ -45,7 +45,8 @@ func settings() []setting {
 		{"health-addr", "TRUSTD_HEALTH_ADDR", "plaintext address for /healthz, /readyz, /metrics and gRPC health, e.g. :50002 (default: off)", false},
 		{"peer-rate", "TRUSTD_PEER_RATE", "requests per second allowed from one address, -1 for no limit (default 1)", false},
 		{"peer-burst", "TRUSTD_PEER_BURST", "burst of requests allowed from one address (default 20)", false},
-		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "requests that may hold or wait for the signer; more get ResourceExhausted (default 64)", false},
+		{"max-connections", "TRUSTD_MAX_CONNECTIONS", "open connections accepted at once; more wait in the kernel's accept queue (default 256)", false},
+	{"signer-queue", "TRUSTD_SIGNER_QUEUE", "requests that may hold or wait for the signer; more get ResourceExhausted (default 64)", false},
 		{"reload-interval", "TRUSTD_RELOAD_INTERVAL", "how often the cert dir is checked for changes (default 5s)", false},
 		{"ready-window", "TRUSTD_READY_WINDOW", "the signer counts as ready for this long after a good signature; idle, it is probed every half window (default 30s)", false},
 	}
@@ -97,6 +98,7 @@ type config struct {
 
 	healthAddr     string
 	rates          server.RateLimits
+	maxConns       int
 	reloadInterval time.Duration
 	readyWindow    time.Duration
 }
@@ -201,6 +203,12 @@ func loadConfig(get lookup) (*config, error) {
 	}
 	if c.rates.MaxSignerQueue, err = intSetting(get, "signer-queue"); err != nil {
 		return nil, err
+	}
+	if c.maxConns, err = intSetting(get, "max-connections"); err != nil {
+		return nil, err
+	}
+	if c.maxConns == 0 {
+		c.maxConns = 256
 	}
 	if c.reloadInterval, err = durationSetting(get, "reload-interval", 5*time.Second); err != nil {
 		return nil, err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/net/netutil"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/backends"
 	"github.com/steward-trustd/steward-trustd/server"
@@ -89,6 +90,10 @@ func serve(ctx context.Context, cfg *config, logOut io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.listen, err)
 	}
+	// Bound open connections (each costs buffers and a TLS handshake) so a
+	// fleet power-up cannot grow memory without limit; the rest wait in the
+	// kernel's accept queue and workers retry.
+	ln = netutil.LimitListener(ln, cfg.maxConns)
 	g := server.NewGRPCServer(svc, server.TLSConfig(holder.GetCertificate))
 	readiness.RegisterHealth(g)
 
