@@ -86,6 +86,11 @@ func ParseCertificates(data []byte) ([]*x509.Certificate, error) {
 	if len(out) == 0 {
 		return nil, errors.New("no PEM CERTIFICATE block found")
 	}
+	// pem.Decode stops at what it cannot parse, so a truncated last block
+	// would otherwise vanish silently.
+	if len(bytes.TrimSpace(data)) > 0 {
+		return nil, errors.New("trailing data after the last certificate: truncated or corrupted file")
+	}
 	return out, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -80,36 +81,22 @@ func (c *Credentials) Bundle() []byte { return c.bundle }
 // Pool returns the bundle as a certificate pool.
 func (c *Credentials) Pool() *x509.CertPool { return c.pool }
 
+// parseCAs parses a PEM bundle of CA certificates that may authenticate
+// talosctl.
 func parseCAs(data []byte) ([]*x509.Certificate, error) {
-	var out []*x509.Certificate
-	for {
-		var block *pem.Block
-		block, data = pem.Decode(data)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			return nil, fmt.Errorf("unexpected PEM block %q", block.Type)
-		}
-		c, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, err
-		}
+	certs, err := keystore.ParseCertificates(data)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range certs {
 		if !c.IsCA || !c.BasicConstraintsValid {
 			return nil, fmt.Errorf("certificate %q is not a CA", c.Subject)
 		}
 		if !allowsClientAuth(c) {
 			return nil, fmt.Errorf("CA %q has an ExtKeyUsage without ClientAuth; talosctl certificates under it would be refused by apid", c.Subject)
 		}
-		out = append(out, c)
 	}
-	if len(bytes.TrimSpace(data)) > 0 {
-		return nil, errors.New("trailing data that is not PEM")
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no certificate found")
-	}
-	return out, nil
+	return certs, nil
 }
 
 func allowsClientAuth(c *x509.Certificate) bool {

@@ -25,9 +25,17 @@ type signError struct{ err error }
 func (e *signError) Error() string { return "sign: " + e.err.Error() }
 func (e *signError) Unwrap() error { return e.err }
 
-// toStatus is the one place where errors become gRPC statuses. The client
+// class is how the server treats an error: the gRPC code, the message
+// the client gets, and the outcome recorded in the audit log and metrics.
+type class struct {
+	code    codes.Code
+	message string
+	outcome string
+}
+
+// classify is the one place where errors become gRPC statuses. The client
 // gets a clean message; the cause stays in the server's log.
-func toStatus(err error) error {
+func classify(err error) class {
 	var (
 		reqErr    *requestError
 		polErr    *policyError
@@ -37,49 +45,34 @@ func toStatus(err error) error {
 	)
 	switch {
 	case err == nil:
-		return nil
+		return class{codes.OK, "", "issued"}
 	case errors.As(err, &authErr):
-		return status.Error(codes.Unauthenticated, "missing or invalid token")
+		return class{codes.Unauthenticated, "missing or invalid token", "denied_auth"}
 	case errors.As(err, &reqErr):
-		return status.Error(codes.InvalidArgument, reqErr.msg)
+		return class{codes.InvalidArgument, reqErr.msg, "denied_bad_csr"}
 	case errors.As(err, &polErr):
-		return status.Error(codes.PermissionDenied, polErr.msg)
+		return class{codes.PermissionDenied, polErr.msg, "denied_policy"}
 	case errors.As(err, &limErr):
-		return status.Error(codes.ResourceExhausted, limErr.reason)
+		return class{codes.ResourceExhausted, limErr.reason, "denied_rate_limit"}
 	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, "deadline exceeded")
+		return class{codes.DeadlineExceeded, "deadline exceeded", "error"}
 	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, "request canceled")
+		return class{codes.Canceled, "request canceled", "error"}
 	case errors.As(err, &signerErr):
-		return status.Error(codes.Unavailable, "certificate signing is temporarily unavailable; retry later")
+		return class{codes.Unavailable, "certificate signing is temporarily unavailable; retry later", "signer_error"}
 	default:
-		return status.Error(codes.Internal, "internal error")
+		return class{codes.Internal, "internal error", "error"}
 	}
 }
 
-// outcome names a decision for the audit log and metrics.
-func outcome(err error) string {
-	var (
-		reqErr    *requestError
-		polErr    *policyError
-		authErr   *authError
-		limErr    *limitError
-		signerErr *signError
-	)
-	switch {
-	case err == nil:
-		return "issued"
-	case errors.As(err, &authErr):
-		return "denied_auth"
-	case errors.As(err, &reqErr):
-		return "denied_bad_csr"
-	case errors.As(err, &polErr):
-		return "denied_policy"
-	case errors.As(err, &limErr):
-		return "denied_rate_limit"
-	case errors.As(err, &signerErr):
-		return "signer_error"
-	default:
-		return "error"
+// toStatus turns err into the status the client sees.
+func toStatus(err error) error {
+	c := classify(err)
+	if c.code == codes.OK {
+		return nil
 	}
+	return status.Error(c.code, c.message)
 }
+
+// outcome names a decision for the audit log and metrics.
+func outcome(err error) string { return classify(err).outcome }

@@ -276,11 +276,12 @@ func TestAcceptedCAsBundle(t *testing.T) {
 		want             string
 	}{
 		{"empty token", []byte(" \n"), ca.pem, nil, "token"},
-		{"no ca", []byte("t"), nil, nil, "no certificate"},
+		{"no ca", []byte("t"), nil, nil, "no PEM CERTIFICATE"},
 		{"two cas", []byte("t"), append(ca.pem, old.pem...), nil, "exactly one"},
 		{"leaf as ca", []byte("t"), leafPEM, nil, "not a CA"},
 		{"leaf in accepted", []byte("t"), ca.pem, leafPEM, "not a CA"},
-		{"garbage accepted", []byte("t"), ca.pem, []byte("junk"), "not PEM"},
+		{"garbage accepted", []byte("t"), ca.pem, []byte("junk"), "no PEM CERTIFICATE"},
+		{"truncated accepted", []byte("t"), ca.pem, append(old.pem, ca.pem[:len(ca.pem)/2]...), "truncated"},
 		{"key mismatch", []byte("t"), old.pem, nil, "does not match"},
 	}
 	for _, b := range bad {

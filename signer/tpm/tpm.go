@@ -266,19 +266,7 @@ func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm
 	}
 	var blob *keyBlob
 	err = b.withConn(ctx, u, func(t transport.TPM) error {
-		if err := checkCurveAndHandle(t, u, curve); err != nil {
-			return err
-		}
-		values, err := ReadPCRs(t, u.PCRs)
-		if err != nil {
-			return err
-		}
-		digest := pcrDigestOf(values)
-		policy, err := computeAuthPolicy(u.PCRs, digest)
-		if err != nil {
-			return err
-		}
-		parent, err := createSRK(t)
+		digest, policy, parent, err := prepareKey(t, u, curve)
 		if err != nil {
 			return err
 		}
@@ -297,6 +285,28 @@ func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm
 		return nil, fmt.Errorf("tpm: generate %s key: %w", alg, err)
 	}
 	return b.finish(ctx, u, blob, "generated")
+}
+
+// prepareKey does what creating and importing a key share: check that
+// the TPM has the curve and the handle is free, bind the policy to the
+// current values of the URI's PCRs, and create the SRK (the caller
+// flushes it).
+func prepareKey(t transport.TPM, u KeyURI, curve tpm2.TPMECCCurve) (pcrDigest, policy []byte, parent *srk, err error) {
+	if err := checkCurveAndHandle(t, u, curve); err != nil {
+		return nil, nil, nil, err
+	}
+	values, err := ReadPCRs(t, u.PCRs)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pcrDigest = pcrDigestOf(values)
+	if policy, err = computeAuthPolicy(u.PCRs, pcrDigest); err != nil {
+		return nil, nil, nil, err
+	}
+	if parent, err = createSRK(t); err != nil {
+		return nil, nil, nil, err
+	}
+	return pcrDigest, policy, parent, nil
 }
 
 // Import implements signer.Backend: it wraps an ECDSA private key to the
@@ -340,19 +350,7 @@ func (b *Backend) Import(ctx context.Context, uri string, key crypto.Signer) (si
 	}
 	var blob *keyBlob
 	err = b.withConn(ctx, u, func(t transport.TPM) error {
-		if err := checkCurveAndHandle(t, u, curve); err != nil {
-			return err
-		}
-		values, err := ReadPCRs(t, u.PCRs)
-		if err != nil {
-			return err
-		}
-		digest := pcrDigestOf(values)
-		policy, err := computeAuthPolicy(u.PCRs, digest)
-		if err != nil {
-			return err
-		}
-		parent, err := createSRK(t)
+		digest, policy, parent, err := prepareKey(t, u, curve)
 		if err != nil {
 			return err
 		}
