@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"slices"
 	"sync"
@@ -20,15 +19,14 @@ import (
 	"github.com/google/go-tpm/tpm2/transport"
 	"github.com/google/go-tpm/tpmutil"
 
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
 )
 
 // DevicesRequired reports whether tests must have swtpm and friends: in CI
 // (CI=true) or when STEWARD_REQUIRE_DEVICES=1. Then a missing tool fails
 // the test instead of skipping it.
-func DevicesRequired() bool {
-	return os.Getenv("CI") == "true" || os.Getenv("STEWARD_REQUIRE_DEVICES") == "1"
-}
+func DevicesRequired() bool { return devtest.Required() }
 
 // RequireTool returns the path of an executable, failing the test when it
 // is missing and DevicesRequired, skipping it otherwise.

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/keystore/apidtest"
 )
@@ -41,19 +42,12 @@ var binDir string
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 func runMain(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "steward-ceremony-e2e-")
+	dir, err := devtest.BuildBinaries(filepath.Join("..", ".."), "./cmd/steward-trustd", "./cmd/steward-trustd-ceremony", "./cmd/steward-trustd-gencreds")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/steward-trustd", "./cmd/steward-trustd-ceremony", "./cmd/steward-trustd-gencreds")
-	build.Dir = filepath.Join("..", "..")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build binaries:", err)
-		return 1
-	}
 	binDir = dir
 	return m.Run()
 }

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/signer/pkcs11/softhsm"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
@@ -103,7 +104,7 @@ func (d *deviceDaemon) request(c securityapi.SecurityServiceClient) codes.Code {
 // answer Unavailable and not ready, a TPM reset (PCRs back) and a TPM
 // crash both recover without restarting the daemon.
 func TestTPMBackend(t *testing.T) {
-	needTool(t, "swtpm")
+	devtest.NeedTool(t, "swtpm")
 	sw := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
 	blob := filepath.Join(t.TempDir(), "os-ca.tpmkey")
 	uri := "tpm:path=" + blob + ";" + sw.URIAttrs() + ";pcrs=7;timeout=5s"
@@ -183,7 +184,7 @@ func TestTPMBackend(t *testing.T) {
 // ceremony; Talos's worker client, 8 concurrent clients, and recovery
 // after the token disappears and comes back.
 func TestPKCS11Backend(t *testing.T) {
-	needTool(t, "softhsm2-util")
+	devtest.NeedTool(t, "softhsm2-util")
 	tok, err := softhsm.New(t.TempDir(), "trustd")
 	if err != nil {
 		t.Fatal(err)

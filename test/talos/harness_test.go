@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 )
 
 // binDir holds the binaries built once by TestMain.
@@ -29,38 +31,14 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "steward-trustd-e2e-bin-")
+	dir, err := devtest.BuildBinaries(filepath.Join("..", ".."), "./cmd/steward-trustd", "./cmd/steward-trustd-gencreds", "./cmd/steward-trustd-ceremony")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/steward-trustd", "./cmd/steward-trustd-gencreds", "./cmd/steward-trustd-ceremony")
-	build.Dir = filepath.Join("..", "..")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build binaries:", err)
-		return 1
-	}
 	binDir = dir
 	return m.Run()
-}
-
-// requireDevices reports whether tests that need swtpm or SoftHSMv2 must
-// run (CI, or make test) rather than skip.
-func requireDevices() bool {
-	return os.Getenv("CI") == "true" || os.Getenv("STEWARD_REQUIRE_DEVICES") == "1"
-}
-
-// needTool fails (when devices are required) or skips when a tool is missing.
-func needTool(t testing.TB, tool string) {
-	t.Helper()
-	if _, err := exec.LookPath(tool); err != nil {
-		if requireDevices() {
-			t.Fatalf("%s is required (CI=true or STEWARD_REQUIRE_DEVICES=1) but not installed: %v", tool, err)
-		}
-		t.Skipf("%s not installed and neither CI nor make test asked for it; skipping", tool)
-	}
 }
 
 // gencreds writes file credentials into a fresh directory.

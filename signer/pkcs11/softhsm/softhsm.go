@@ -19,6 +19,7 @@ import (
 	"testing"
 
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 )
 
 // ModuleCandidates returns the places libsofthsm2.so is looked for:
@@ -74,9 +75,7 @@ func Available() error {
 
 // Required reports whether missing devices must fail tests rather than
 // skip them: CI=true or STEWARD_REQUIRE_DEVICES=1.
-func Required() bool {
-	return os.Getenv("CI") == "true" || os.Getenv("STEWARD_REQUIRE_DEVICES") == "1"
-}
+func Required() bool { return devtest.Required() }
 
 // Token is an initialised SoftHSM token in its own configuration.
 type Token struct {
