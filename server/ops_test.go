@@ -432,3 +432,60 @@ func TestReloadServingCert(t *testing.T) {
 		t.Fatalf("serving certificate %s after reload, want two.example", got)
 	}
 }
+
+func TestSignerGateAdapts(t *testing.T) {
+	clk := newFakeClock()
+	cases := []struct {
+		name      string
+		service   time.Duration // per request, device serialized
+		wantLimit int
+	}{
+		{"real TPM chip, 20/s", 50 * time.Millisecond, 40},           // 20/s x 2s
+		{"swtpm, 400/s", 2500 * time.Microsecond, 800},               // 400/s x 2s
+		{"fast HSM, capped", 100 * time.Microsecond, 1024},           // 10000/s x 2s, capped
+		{"very slow, floor", 500 * time.Millisecond, minSignerQueue}, // 2/s x 2s = 4
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l := newLimiter(RateLimits{}, clk.now)
+			if got := l.signerQueueLimit(); got != minSignerQueue {
+				t.Fatalf("initial limit %d, want %d", got, minSignerQueue)
+			}
+			// Keep 8 requests queued on a serialized device: each leaves
+			// after waiting for the 8 ahead of it.
+			for i := 0; i < 200; i++ {
+				var releases []func()
+				for j := 0; j < 8; j++ {
+					rel, err := l.acquireSigner(context.Background())
+					if err != nil {
+						t.Fatal(err)
+					}
+					releases = append(releases, rel)
+				}
+				for _, rel := range releases {
+					clk.add(c.service)
+					rel()
+				}
+			}
+			got := l.signerQueueLimit()
+			if got < c.wantLimit*8/10 || got > c.wantLimit*12/10 {
+				t.Fatalf("limit %d, want about %d", got, c.wantLimit)
+			}
+			// Admission follows the limit.
+			var held []func()
+			for {
+				rel, err := l.acquireSigner(context.Background())
+				if err != nil {
+					if !isLimit(err) {
+						t.Fatal(err)
+					}
+					break
+				}
+				held = append(held, rel)
+			}
+			if len(held) != got {
+				t.Fatalf("admitted %d, limit %d", len(held), got)
+			}
+		})
+	}
+}

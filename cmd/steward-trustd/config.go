@@ -46,7 +46,8 @@ func settings() []setting {
 		{"peer-rate", "TRUSTD_PEER_RATE", "requests per second allowed from one address, -1 for no limit (default 1)", false},
 		{"peer-burst", "TRUSTD_PEER_BURST", "burst of requests allowed from one address (default 20)", false},
 		{"max-connections", "TRUSTD_MAX_CONNECTIONS", "open connections accepted at once; more wait in the kernel's accept queue (default 256)", false},
-		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "requests that may hold or wait for the signer; more get ResourceExhausted (default 64)", false},
+		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "hard bound on requests holding or waiting for the signer; more get ResourceExhausted at once (default 1024)", false},
+		{"signer-wait", "TRUSTD_SIGNER_WAIT", "admit only as many requests as the signer, at its measured rate, serves within this time (default 2s)", false},
 		{"reload-interval", "TRUSTD_RELOAD_INTERVAL", "how often the cert dir is checked for changes (default 5s)", false},
 		{"ready-window", "TRUSTD_READY_WINDOW", "the signer counts as ready for this long after a good signature; idle, it is probed every half window (default 30s)", false},
 	}
@@ -202,6 +203,9 @@ func loadConfig(get lookup) (*config, error) {
 		return nil, err
 	}
 	if c.rates.MaxSignerQueue, err = intSetting(get, "signer-queue"); err != nil {
+		return nil, err
+	}
+	if c.rates.MaxSignerWait, err = durationSetting(get, "signer-wait", 2*time.Second); err != nil {
 		return nil, err
 	}
 	if c.maxConns, err = intSetting(get, "max-connections"); err != nil {
