@@ -115,6 +115,9 @@ func (s *Signer) setPublic(p *tpm2.TPMTPublic) error {
 func (s *Signer) loadKey(t transport.TPM) (tpm2.TPMHandle, error) {
 	if s.km.blob != nil {
 		h, name, err := loadBlob(t, s.km.blob)
+		if err != nil && reclaimStale(t, s.uri.Device, err, s.logger) {
+			h, name, err = loadBlob(t, s.km.blob)
+		}
 		if err != nil {
 			var rc tpm2.TPMRC
 			if errors.As(err, &rc) && (errors.Is(rc, tpm2.TPMRCIntegrity) || errors.Is(rc, tpm2.TPMRCSize) || errors.Is(rc, tpm2.TPMRCValue)) {

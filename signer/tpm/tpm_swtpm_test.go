@@ -211,3 +211,36 @@ func TestSwtpmImportAndPersistent(t *testing.T) {
 	sw.Restart(t)
 	eventually(t, "sign with persistent key after restart", func() error { return sign(s) })
 }
+
+// TestSwtpmReclaimsHandlesOfDeadClients: swtpm has no resource manager
+// and keeps transient objects across connections, so clients that died
+// holding their key fill its three object slots. The next daemon must
+// still open its key (flushing what the dead left), not fail with
+// TPM_RC_OBJECT_MEMORY until someone restarts swtpm.
+func TestSwtpmReclaimsHandlesOfDeadClients(t *testing.T) {
+	sw := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
+	b := &tpm.Backend{Dial: tpmsim.Dial}
+	s, uri := swtpmKey(t, sw, b, "")
+	s.Close()
+	// Three "daemons" open the key and die without Close: their loaded
+	// keys stay in the TPM.
+	var dead []signer.Signer
+	for i := 0; i < 4; i++ {
+		d, err := b.Open(ctx, uri)
+		if err != nil {
+			t.Fatalf("open %d after dead clients filled the TPM: %v", i, err)
+		}
+		dead = append(dead, d)
+	}
+	last := dead[len(dead)-1]
+	if err := sign(last); err != nil {
+		t.Fatal(err)
+	}
+	// Only the newest client is alive; closing the others flushes
+	// handles that may since have been reused, so close it last.
+	for i := len(dead) - 2; i >= 0; i-- {
+		dead[i].Close() //nolint:errcheck // their handles were reclaimed
+	}
+	last.Close() //nolint:errcheck
+	sw.CheckNoLeaks(t)
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
@@ -292,4 +293,32 @@ func isTPMError(err error) bool {
 	var rc tpm2.TPMRC
 	var f1 tpm2.TPMFmt1Error
 	return errors.As(err, &rc) || errors.As(err, &f1)
+}
+
+// reclaimStale frees the object and session slots that clients which died
+// without flushing left in a TPM that has no resource manager, and reports
+// whether anything was freed so that the caller retries once. swtpm's
+// socket and /dev/tpm0 serve one client at a time and keep transient
+// objects across connections: a daemon killed while holding its key would
+// otherwise leave swtpm's three object slots full
+// (TPM_RC_OBJECT_MEMORY, TPM 2.0 Part 2 §6.6.3) for every later client.
+// Behind /dev/tpmrm0 the kernel flushes a closed client's handles, so
+// nothing is touched there.
+func reclaimStale(t transport.TPM, dev Device, cause error, log *slog.Logger) bool {
+	if !errors.Is(cause, tpm2.TPMRCObjectMemory) && !errors.Is(cause, tpm2.TPMRCSessionMemory) {
+		return false
+	}
+	if !dev.singleClient() {
+		return false
+	}
+	hs, err := LoadedHandles(t)
+	if err != nil || len(hs) == 0 {
+		return false
+	}
+	for _, h := range hs {
+		flush(t, h)
+	}
+	log.Warn("tpm: flushed handles left by a client that did not clean up (no resource manager on this device)",
+		"device", dev.String(), "handles", len(hs))
+	return true
 }

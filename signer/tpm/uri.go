@@ -76,6 +76,19 @@ func (d Device) String() string {
 	return "device=auto"
 }
 
+// singleClient reports whether the device serves one client at a time
+// without a resource manager (a swtpm socket, /dev/tpm0), so that handles
+// found there belong to clients that are gone.
+func (d Device) singleClient() bool {
+	switch d.Kind {
+	case DeviceTCP, DeviceUnix:
+		return true
+	case DeviceChar:
+		return !strings.HasPrefix(filepath.Base(d.Addr), "tpmrm")
+	}
+	return false
+}
+
 // KeyURI is a parsed tpm: key URI.
 type KeyURI struct {
 	// Path is the key blob file; empty when Handle is set.
