@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -340,7 +341,7 @@ func TestReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs devtest.LockedBuffer
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, "file", true)
 	svc, err := New(Config{Signer: ca.signer, Credentials: creds, Metrics: m, RateLimits: RateLimits{PerPeerRate: -1}})

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -55,27 +56,15 @@ type testServer struct {
 	addr   string
 	ca     *testCA
 	svc    *Service
-	logs   *syncBuffer
+	logs   *devtest.LockedBuffer
 	roots  *x509.CertPool
 	signer *failingSigner
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 func startServer(t *testing.T, policy Policy) *testServer {
 	t.Helper()
 	ca := newTestCA(t, signer.ECDSAP256)
-	logs := &syncBuffer{}
+	logs := &devtest.LockedBuffer{}
 	fs := &failingSigner{Signer: ca.signer}
 	svc, err := New(Config{
 		Signer:      fs,

@@ -137,7 +137,7 @@ func lifecycle(t *testing.T, b backend) {
 	// The daemon serves the ceremony directory with the device key.
 	outputs = append(outputs, mustCeremony(t, env, "server-cert", "--signer", oldURI, "--ca", caCrt, "--san", "127.0.0.1,localhost", "--out", dir).stdout)
 	d := startDaemon(t, dir, oldURI, env...)
-	if r := ceremony(t, env, "doctor", "--machineconfig", patch, "--endpoint", d.addr); r.code != 0 {
+	if r := ceremony(t, env, "doctor", "--machineconfig", patch, "--endpoint", d.Addr); r.code != 0 {
 		t.Fatalf("doctor against a healthy daemon: %s", r)
 	}
 
@@ -170,7 +170,7 @@ func lifecycle(t *testing.T, b backend) {
 
 	// Rotation: both CAs' clients work during the overlap.
 	outputs = append(outputs, mustCeremony(t, env, append([]string{"rotate", "--new-signer", newURI, "--out", dir}, initArgs...)...).stdout)
-	d.stop(t)
+	d.Stop(t)
 	d = startDaemon(t, dir, oldURI, env...)
 	newTC := filepath.Join(root, "new.talosconfig")
 	outputs = append(outputs, mustCeremony(t, env, "talosconfig", "--signer", newURI, "--ca", filepath.Join(dir, keystore.FileNextCACert), "--context", "e2e", "--endpoints", "127.0.0.1", "--out", newTC).stdout)
@@ -183,9 +183,9 @@ func lifecycle(t *testing.T, b backend) {
 
 	// Finish: the daemon signs with the new key; old-CA clients are out.
 	outputs = append(outputs, mustCeremony(t, env, "rotate", "--finish", "--new-signer", newURI, "--out", dir).stdout)
-	d.stop(t)
+	d.Stop(t)
 	d = startDaemon(t, dir, newURI, env...)
-	if r := ceremony(t, env, "doctor", "--machineconfig", patch, "--endpoint", d.addr); r.code != 0 {
+	if r := ceremony(t, env, "doctor", "--machineconfig", patch, "--endpoint", d.Addr); r.code != 0 {
 		t.Fatalf("doctor after the rotation: %s", r)
 	}
 	srv, n = apid(t, d, workerConfig(t, patch))

@@ -68,10 +68,10 @@ func TestDoctorFindsProblems(t *testing.T) {
 		endpoint string
 		want     []string
 	}{
-		{"healthy", patch, good.addr, []string{"ok   csr", "ok   talosctl access"}},
-		{"wrong token", wrongTok, good.addr, []string{"FAIL token", "wrong token"}},
-		{"missing SAN", patch, badSAN.addr, []string{"FAIL san match", "x509: certificate is valid for", "--san 127.0.0.1"}},
-		{"untrusted server certificate", patch, foreign.addr, []string{"FAIL tls chain", "not signed by machine.ca"}},
+		{"healthy", patch, good.Addr, []string{"ok   csr", "ok   talosctl access"}},
+		{"wrong token", wrongTok, good.Addr, []string{"FAIL token", "wrong token"}},
+		{"missing SAN", patch, badSAN.Addr, []string{"FAIL san match", "x509: certificate is valid for", "--san 127.0.0.1"}},
+		{"untrusted server certificate", patch, foreign.Addr, []string{"FAIL tls chain", "not signed by machine.ca"}},
 		{"nothing listening", patch, closed, []string{"FAIL tcp", "connection refused"}},
 	}
 	for _, tt := range tests {

@@ -4,7 +4,6 @@
 package ceremony_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -16,13 +15,11 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -91,92 +88,15 @@ func mustCeremony(t *testing.T, env []string, args ...string) result {
 	return r
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
-
 // daemon is a running steward-trustd.
-type daemon struct {
-	cmd  *exec.Cmd
-	addr string
-	logs *lockedBuffer
-	done chan error
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+type daemon = devtest.Daemon
 
 // startDaemon runs steward-trustd on a free loopback port serving certDir
 // with the key at signerURI, and waits until it listens.
 func startDaemon(t *testing.T, certDir, signerURI string, env ...string) *daemon {
 	t.Helper()
-	port := freePort(t)
-	cmd := exec.Command(filepath.Join(binDir, "steward-trustd"))
-	cmd.Env = append([]string{
-		"PATH=" + os.Getenv("PATH"),
-		"TRUSTD_LISTEN_ADDRESS=127.0.0.1",
-		fmt.Sprintf("TRUSTD_PORT=%d", port),
-		"TRUSTD_CERT_DIR=" + certDir,
-		"TRUSTD_SIGNER=" + signerURI,
-	}, env...)
-	d := &daemon{cmd: cmd, addr: fmt.Sprintf("127.0.0.1:%d", port), logs: &lockedBuffer{}, done: make(chan error, 1)}
-	pr, pw := io.Pipe()
-	cmd.Stdout = d.logs
-	cmd.Stderr = io.MultiWriter(d.logs, pw)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	listening := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(pr)
-		var once sync.Once
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "steward-trustd listening") {
-				once.Do(func() { close(listening) })
-			}
-		}
-	}()
-	go func() { d.done <- cmd.Wait(); pw.Close() }()
-	t.Cleanup(func() { d.stop(t) })
-	select {
-	case <-listening:
-	case err := <-d.done:
-		d.done <- err
-		t.Fatalf("daemon exited before listening: %v\n%s", err, d.logs.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("daemon did not listen within 60s\n%s", d.logs.String())
-	}
-	return d
-}
-
-// stop sends SIGINT and waits for the exit.
-func (d *daemon) stop(t *testing.T) {
-	if d.cmd.ProcessState != nil {
-		return
-	}
-	_ = d.cmd.Process.Signal(os.Interrupt)
-	select {
-	case err := <-d.done:
-		d.done <- err
-	case <-time.After(20 * time.Second):
-		_ = d.cmd.Process.Kill()
-		t.Errorf("daemon did not stop within 20s of SIGINT\n%s", d.logs.String())
-	}
+	return devtest.StartDaemon(t, filepath.Join(binDir, "steward-trustd"),
+		append([]string{"TRUSTD_CERT_DIR=" + certDir, "TRUSTD_SIGNER=" + signerURI}, env...)...)
 }
 
 // workerCertificate asks the daemon for a certificate exactly as a worker
@@ -227,7 +147,7 @@ func workerCertificate(t *testing.T, addr string, wc *keystore.WorkerConfig) ([]
 // the returned bundle.
 func apid(t *testing.T, d *daemon, wc *keystore.WorkerConfig) (*apidtest.Server, int) {
 	t.Helper()
-	bundle, serving := workerCertificate(t, d.addr, wc)
+	bundle, serving := workerCertificate(t, d.Addr, wc)
 	srv, err := apidtest.Start(serving, bundle)
 	if err != nil {
 		t.Fatal(err)

@@ -110,25 +110,25 @@ func TestFileBackend(t *testing.T) {
 				m    workerCSR
 			}{{"talos-1.10+", csrFromCA}, {"talos-1.9-ed25519", csrEd25519}} {
 				t.Run(mode.name, func(t *testing.T) {
-					ca, crt, id, err := workerRequest(t, d.addr, token, caPEM, mode.m, 20*time.Second)
+					ca, crt, id, err := workerRequest(t, d.Addr, token, caPEM, mode.m, 20*time.Second)
 					if err != nil {
-						t.Fatalf("worker request: %v\n%s", err, d.logs.String())
+						t.Fatalf("worker request: %v\n%s", err, d.Logs())
 					}
 					checkIssued(t, ca, crt, id, [][]byte{caPEM})
 				})
 			}
 			t.Run("wrong token", func(t *testing.T) {
-				_, _, _, err := workerRequest(t, d.addr, "not-the-token", caPEM, csrFromCA, 3*time.Second)
+				_, _, _, err := workerRequest(t, d.Addr, "not-the-token", caPEM, csrFromCA, 3*time.Second)
 				if err == nil {
 					t.Fatal("a wrong token got a certificate")
 				}
 				if !strings.Contains(err.Error(), "Unauthenticated") {
 					t.Fatalf("wrong token: %v, want Unauthenticated", err)
 				}
-				if !strings.Contains(d.logs.String(), `"outcome":"denied_auth"`) {
-					t.Fatalf("no denied_auth audit line\n%s", d.logs.String())
+				if !strings.Contains(d.Logs(), `"outcome":"denied_auth"`) {
+					t.Fatalf("no denied_auth audit line\n%s", d.Logs())
 				}
-				if strings.Contains(d.logs.String(), token) || strings.Contains(d.logs.String(), "not-the-token") {
+				if strings.Contains(d.Logs(), token) || strings.Contains(d.Logs(), "not-the-token") {
 					t.Fatal("a token appears in the daemon's log")
 				}
 			})
@@ -149,12 +149,12 @@ func TestSelfIssuedServingCert(t *testing.T) {
 	d2 := startDaemon(t, "TRUSTD_CERT_DIR="+certs, "TRUSTD_CERT_SANS=trustd.example")
 	token := strings.TrimSpace(string(readFile(t, filepath.Join(certs, "token"))))
 	caPEM := readFile(t, filepath.Join(certs, "os-ca.crt"))
-	ca, crt, id, err := workerRequest(t, d2.addr, token, caPEM, csrFromCA, 20*time.Second)
+	ca, crt, id, err := workerRequest(t, d2.Addr, token, caPEM, csrFromCA, 20*time.Second)
 	if err != nil {
-		t.Fatalf("worker request: %v\n%s", err, d2.logs.String())
+		t.Fatalf("worker request: %v\n%s", err, d2.Logs())
 	}
 	checkIssued(t, ca, crt, id, [][]byte{caPEM})
-	if !strings.Contains(d2.logs.String(), "serving certificate issued") {
+	if !strings.Contains(d2.Logs(), "serving certificate issued") {
 		t.Fatal("daemon did not self-issue its serving certificate")
 	}
 }

@@ -65,9 +65,9 @@ func startOnDevice(t testing.TB, uri string, env ...string) *deviceDaemon {
 func (d *deviceDaemon) talosWorkers(t *testing.T) {
 	t.Helper()
 	for _, m := range []workerCSR{csrFromCA, csrEd25519} {
-		ca, crt, id, err := workerRequest(t, d.addr, d.token, d.caPEM, m, 30*time.Second)
+		ca, crt, id, err := workerRequest(t, d.Addr, d.token, d.caPEM, m, 30*time.Second)
 		if err != nil {
-			t.Fatalf("worker request (mode %d): %v\n%s", m, err, d.logs.String())
+			t.Fatalf("worker request (mode %d): %v\n%s", m, err, d.Logs())
 		}
 		checkIssued(t, ca, crt, id, [][]byte{d.caPEM})
 	}
@@ -79,7 +79,7 @@ func (d *deviceDaemon) client(t testing.TB) securityapi.SecurityServiceClient {
 	t.Helper()
 	roots := stdx509.NewCertPool()
 	roots.AppendCertsFromPEM(d.caPEM)
-	conn, err := grpc.NewClient(d.addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})))
+	conn, err := grpc.NewClient(d.Addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,8 +109,8 @@ func TestTPMBackend(t *testing.T) {
 	blob := filepath.Join(t.TempDir(), "os-ca.tpmkey")
 	uri := "tpm:path=" + blob + ";" + sw.URIAttrs() + ";pcrs=7;timeout=5s"
 	d := startOnDevice(t, uri)
-	if !strings.Contains(d.logs.String(), `"backend":"tpm"`) || !strings.Contains(d.logs.String(), `"extractable":false`) {
-		t.Fatalf("daemon did not open the TPM key\n%s", d.logs.String())
+	if !strings.Contains(d.Logs(), `"backend":"tpm"`) || !strings.Contains(d.Logs(), `"extractable":false`) {
+		t.Fatalf("daemon did not open the TPM key\n%s", d.Logs())
 	}
 	blobBytes := readFile(t, blob)
 	if strings.Contains(string(blobBytes), "PRIVATE KEY-----") && !strings.Contains(string(blobBytes), "TSS2 PRIVATE KEY") {
@@ -125,11 +125,11 @@ func TestTPMBackend(t *testing.T) {
 			t.Fatalf("after PCR extend: %v, want Unavailable", code)
 		}
 		eventually(t, 10*time.Second, "readyz 503 after PCR change", func() bool { return get(d.health+"/readyz") == 503 })
-		if n := strings.Count(d.logs.String(), `"msg":"signer failing"`); n != 1 {
+		if n := strings.Count(d.Logs(), `"msg":"signer failing"`); n != 1 {
 			t.Fatalf("signer failure logged %d times, want once", n)
 		}
-		if !strings.Contains(d.logs.String(), `"kind":"policy"`) {
-			t.Fatalf("failure not classified as a policy failure\n%s", d.logs.String())
+		if !strings.Contains(d.Logs(), `"kind":"policy"`) {
+			t.Fatalf("failure not classified as a policy failure\n%s", d.Logs())
 		}
 		sw.Restart(t) // PCRs reset to their boot values
 		eventually(t, 30*time.Second, "issuance after TPM reset", func() bool { return d.request(c) == codes.OK })
@@ -174,7 +174,7 @@ func TestTPMBackend(t *testing.T) {
 			t.Errorf("no Unavailable while the TPM was down: %v", seen)
 		}
 		eventually(t, 10*time.Second, "readyz 200 after TPM restart", func() bool { return get(d.health+"/readyz") == 200 })
-		if d.cmd.ProcessState != nil {
+		if d.Exited() {
 			t.Fatal("daemon exited")
 		}
 	})
@@ -191,11 +191,11 @@ func TestPKCS11Backend(t *testing.T) {
 	}
 	uri := tok.URI("os-ca", []byte{1})
 	d := startOnDevice(t, uri, tok.Env())
-	if strings.Contains(d.logs.String(), tok.PIN) {
+	if strings.Contains(d.Logs(), tok.PIN) {
 		t.Fatal("PIN in the daemon's log")
 	}
-	if !strings.Contains(d.logs.String(), `"backend":"pkcs11"`) || !strings.Contains(d.logs.String(), `"extractable":false`) {
-		t.Fatalf("daemon did not open the HSM key as non-extractable\n%s", d.logs.String())
+	if !strings.Contains(d.Logs(), `"backend":"pkcs11"`) || !strings.Contains(d.Logs(), `"extractable":false`) {
+		t.Fatalf("daemon did not open the HSM key as non-extractable\n%s", d.Logs())
 	}
 	t.Run("talos worker", d.talosWorkers)
 	t.Run("8 concurrent clients", func(t *testing.T) {

@@ -5,18 +5,12 @@
 package talos
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -53,92 +47,16 @@ func gencreds(t testing.TB, args ...string) string {
 }
 
 // daemon is a running steward-trustd.
-type daemon struct {
-	cmd  *exec.Cmd
-	addr string
-	logs *lockedBuffer
-	done chan error
-}
+type daemon = devtest.Daemon
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// startDaemon runs steward-trustd on a free loopback port with env added
-// to a clean environment, and waits until it listens.
+// startDaemon runs steward-trustd with env on a free loopback port and
+// waits until it listens.
 func startDaemon(t testing.TB, env ...string) *daemon {
 	t.Helper()
-	port := freePort(t)
-	cmd := exec.Command(filepath.Join(binDir, "steward-trustd"))
-	cmd.Env = append([]string{
-		"PATH=" + os.Getenv("PATH"),
-		"TRUSTD_LISTEN_ADDRESS=127.0.0.1",
-		fmt.Sprintf("TRUSTD_PORT=%d", port),
-	}, env...)
-	d := &daemon{cmd: cmd, addr: fmt.Sprintf("127.0.0.1:%d", port), logs: &lockedBuffer{}, done: make(chan error, 1)}
-	pr, pw := io.Pipe()
-	cmd.Stdout = d.logs
-	cmd.Stderr = io.MultiWriter(d.logs, pw)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	listening := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(pr)
-		once := sync.Once{}
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "steward-trustd listening") {
-				once.Do(func() { close(listening) })
-			}
-		}
-	}()
-	go func() { d.done <- cmd.Wait(); pw.Close() }()
-	t.Cleanup(func() { d.stop(t) })
-	select {
-	case <-listening:
-	case err := <-d.done:
-		t.Fatalf("daemon exited before listening: %v\n%s", err, d.logs.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("daemon did not listen within 60s\n%s", d.logs.String())
-	}
-	return d
+	return devtest.StartDaemon(t, filepath.Join(binDir, "steward-trustd"), env...)
 }
 
-// stop sends SIGTERM and waits for a clean exit.
-func (d *daemon) stop(t testing.TB) {
-	if d.cmd.ProcessState != nil {
-		return
-	}
-	_ = d.cmd.Process.Signal(os.Interrupt)
-	select {
-	case err := <-d.done:
-		d.done <- err
-		if err != nil && !strings.Contains(err.Error(), "signal") {
-			t.Errorf("daemon exit: %v\n%s", err, d.logs.String())
-		}
-	case <-time.After(20 * time.Second):
-		_ = d.cmd.Process.Kill()
-		t.Errorf("daemon did not stop within 20s of SIGINT\n%s", d.logs.String())
-	}
-}
+func freePort(t testing.TB) int { return devtest.FreePort(t) }
 
 func readFile(t testing.TB, path string) []byte {
 	t.Helper()
