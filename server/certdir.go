@@ -174,7 +174,10 @@ func (r *Reloader) apply(what string, d Digest, err error, current, bad *Digest,
 }
 
 // Run checks every interval until ctx ends.
-func (r *Reloader) Run(ctx context.Context, interval time.Duration) {
+func (r *Reloader) Run(ctx context.Context, interval time.Duration) { every(ctx, interval, r.Check) }
+
+// every calls f once per interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, f func()) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -182,7 +185,7 @@ func (r *Reloader) Run(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			r.Check()
+			f()
 		}
 	}
 }

@@ -96,16 +96,8 @@ func (r *Readiness) Ready(ctx context.Context) bool {
 // Run re-evaluates readiness every interval until ctx ends, so that the
 // gRPC health status and the metric follow the signer without traffic.
 func (r *Readiness) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		r.publish(r.Ready(ctx))
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	r.publish(r.Ready(ctx))
+	every(ctx, interval, func() { r.publish(r.Ready(ctx)) })
 }
 
 func (r *Readiness) publish(ready bool) {

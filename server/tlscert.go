@@ -125,21 +125,14 @@ func (si *SelfIssuer) NeedsRenewal() bool {
 // interval, until ctx ends. A failed renewal keeps the old certificate
 // and is retried at the next check.
 func (si *SelfIssuer) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+	every(ctx, interval, func() {
+		if !si.NeedsRenewal() {
 			return
-		case <-t.C:
-			if !si.NeedsRenewal() {
-				continue
-			}
-			if err := si.Issue(); err != nil && si.Logger != nil {
-				si.Logger.Error("serving certificate renewal failed; keeping the current one", "error", err)
-			}
 		}
-	}
+		if err := si.Issue(); err != nil && si.Logger != nil {
+			si.Logger.Error("serving certificate renewal failed; keeping the current one", "error", err)
+		}
+	})
 }
 
 func clockOrDefault(c func() time.Time) func() time.Time {
