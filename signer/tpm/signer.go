@@ -40,6 +40,7 @@ type Signer struct {
 	mu          sync.Mutex
 	conn        transport.TPMCloser // nil while disconnected
 	key         tpm2.TPMHandle      // loaded (transient) or persistent handle
+	sess        tpm2.Session        // policy session kept between signatures; nil when none
 	closed      bool
 	lastAttempt time.Time
 	lastErr     error
@@ -204,7 +205,7 @@ func (s *Signer) dropLocked(cause error) {
 	if s.conn != nil {
 		s.conn.Close()
 	}
-	s.conn, s.key = nil, 0
+	s.conn, s.key, s.sess = nil, 0, nil
 	s.lastAttempt = time.Time{}
 	if s.deviceUp {
 		s.deviceUp = false
@@ -338,11 +339,17 @@ func (s *Signer) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byt
 }
 
 func (s *Signer) signOp(t transport.TPM, key tpm2.TPMHandle, d []byte, hashAlg tpm2.TPMIAlgHash) (r, sv []byte, err error) {
-	sess, closeSess, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
+	sess, err := s.sessionLocked(t)
 	if err != nil {
-		return nil, nil, fmt.Errorf("start policy session (TPM2_StartAuthSession): %w", err)
+		return nil, nil, err
 	}
-	defer closeSess() //nolint:errcheck // a failed flush shows as a dead transport on the next command
+	// Any failure may leave the session half-way through the policy:
+	// flush it, the next signature starts a fresh one.
+	defer func() {
+		if err != nil {
+			s.discardSessionLocked(t)
+		}
+	}()
 	if err := s.runPolicy(t, sess.Handle()); err != nil {
 		return nil, nil, err
 	}
@@ -366,6 +373,33 @@ func (s *Signer) signOp(t transport.TPM, key tpm2.TPMHandle, d []byte, hashAlg t
 		return nil, nil, fmt.Errorf("TPM2_Sign returned no ECDSA signature: %w", err)
 	}
 	return ecc.SignatureR.Buffer, ecc.SignatureS.Buffer, nil
+}
+
+// sessionLocked returns the policy session kept for signing, starting one
+// if needed. go-tpm's policy sessions have continueSession set, and a TPM
+// resets a policy session's digest after it authorizes a command (TPM 2.0
+// Part 1 §19.7.1), so one session serves signature after signature with
+// PolicyPCR, PolicyCommandCode and Sign: three commands instead of five
+// with StartAuthSession and FlushContext each time.
+func (s *Signer) sessionLocked(t transport.TPM) (tpm2.Session, error) {
+	if s.sess != nil {
+		return s.sess, nil
+	}
+	sess, _, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
+	if err != nil {
+		return nil, fmt.Errorf("start policy session (TPM2_StartAuthSession): %w", err)
+	}
+	s.sess = sess
+	return sess, nil
+}
+
+// discardSessionLocked flushes the kept policy session, if any.
+func (s *Signer) discardSessionLocked(t transport.TPM) {
+	if s.sess == nil {
+		return
+	}
+	flush(t, s.sess.Handle())
+	s.sess = nil
 }
 
 // encodeSig encodes r and s as an ASN.1 ECDSA-Sig-Value (RFC 3279 §2.2.3).
@@ -435,14 +469,14 @@ func (s *Signer) Close() error {
 	if s.conn == nil {
 		return nil
 	}
-	if s.km.blob != nil && s.key != 0 {
-		key := s.key
-		runBounded(context.Background(), s.conn, s.uri.Timeout, func(t transport.TPM) error { //nolint:errcheck // the connection is closed right after
-			flush(t, key)
-			return nil
-		})
-	}
+	runBounded(context.Background(), s.conn, s.uri.Timeout, func(t transport.TPM) error { //nolint:errcheck // the connection is closed right after
+		s.discardSessionLocked(t)
+		if s.km.blob != nil && s.key != 0 {
+			flush(t, s.key)
+		}
+		return nil
+	})
 	err := s.conn.Close()
-	s.conn, s.key = nil, 0
+	s.conn, s.key, s.sess = nil, 0, nil
 	return err
 }
