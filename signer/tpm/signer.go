@@ -376,11 +376,16 @@ func (s *Signer) signOp(t transport.TPM, key tpm2.TPMHandle, d []byte, hashAlg t
 }
 
 // sessionLocked returns the policy session kept for signing, starting one
-// if needed. go-tpm's policy sessions have continueSession set, and a TPM
-// resets a policy session's digest after it authorizes a command (TPM 2.0
-// Part 1 §19.7.1), so one session serves signature after signature with
-// PolicyPCR, PolicyCommandCode and Sign: three commands instead of five
-// with StartAuthSession and FlushContext each time.
+// if needed. go-tpm's policy sessions have continueSession set, and a
+// policy session that authorizes a command with continueSession SET is
+// reset to its initial policy state afterwards (TPM 2.0 Part 1, policy
+// session lifecycle; libtpms, i.e. swtpm, does so, and the conformance
+// suite signs many times on one session). So one session serves signature
+// after signature with PolicyPCR, PolicyCommandCode and Sign: three
+// commands instead of five with StartAuthSession and FlushContext each
+// time. A PCR that changes between PolicyPCR and Sign makes Sign fail
+// with TPM_RC_PCR_CHANGED; the session is then discarded like after any
+// failure.
 func (s *Signer) sessionLocked(t transport.TPM) (tpm2.Session, error) {
 	if s.sess != nil {
 		return s.sess, nil
