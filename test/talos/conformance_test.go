@@ -3,6 +3,7 @@ package talos
 import (
 	"crypto/tls"
 	stdx509 "crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
 	"net"
 	"path/filepath"
@@ -156,5 +157,33 @@ func TestSelfIssuedServingCert(t *testing.T) {
 	checkIssued(t, ca, crt, id, [][]byte{caPEM})
 	if !strings.Contains(d2.Logs(), "serving certificate issued") {
 		t.Fatal("daemon did not self-issue its serving certificate")
+	}
+}
+
+// TestInlineConfiguration: everything from the environment (base64 PEM
+// CA, key, serving pair, token), an empty cert dir, as a Kubernetes
+// Deployment without a mounted Secret would run it.
+func TestInlineConfiguration(t *testing.T) {
+	certs := gencreds(t)
+	b64 := func(name string) string {
+		return base64.StdEncoding.EncodeToString(readFile(t, filepath.Join(certs, name)))
+	}
+	token := strings.TrimSpace(string(readFile(t, filepath.Join(certs, "token"))))
+	d := startDaemon(t,
+		"TRUSTD_CERT_DIR="+t.TempDir(),
+		"TRUSTD_TOKEN="+token,
+		"TRUSTD_OS_CA_CRT="+b64("os-ca.crt"),
+		"TRUSTD_OS_CA_KEY="+b64("os-ca.key"),
+		"TRUSTD_SERVER_CRT="+b64("server.crt"),
+		"TRUSTD_SERVER_KEY="+b64("server.key"),
+	)
+	caPEM := readFile(t, filepath.Join(certs, "os-ca.crt"))
+	ca, crt, id, err := workerRequest(t, d.Addr, token, caPEM, csrFromCA, 20*time.Second)
+	if err != nil {
+		t.Fatalf("worker request: %v\n%s", err, d.Logs())
+	}
+	checkIssued(t, ca, crt, id, [][]byte{caPEM})
+	if strings.Contains(d.Logs(), token) || strings.Contains(d.Logs(), b64("os-ca.key")) {
+		t.Fatal("a secret from the environment appears in the log")
 	}
 }
