@@ -45,6 +45,8 @@ func settings() []setting {
 		{"health-addr", "TRUSTD_HEALTH_ADDR", "plaintext address for /healthz, /readyz, /metrics and gRPC health, e.g. :50002 (default: off)", false},
 		{"peer-rate", "TRUSTD_PEER_RATE", "requests per second allowed from one address, -1 for no limit (default 1)", false},
 		{"peer-burst", "TRUSTD_PEER_BURST", "burst of requests allowed from one address (default 20)", false},
+		{"bad-token-burst", "TRUSTD_BAD_TOKEN_BURST", "wrong tokens one address may send before it is slowed down (default 5)", false},
+		{"bad-token-rate", "TRUSTD_BAD_TOKEN_RATE", "further attempts per second an address that sent wrong tokens earns back (default 0.1)", false},
 		{"max-connections", "TRUSTD_MAX_CONNECTIONS", "open connections accepted at once; more wait in the kernel's accept queue (default 256)", false},
 		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "hard bound on requests holding or waiting for the signer; more get ResourceExhausted at once (default 1024)", false},
 		{"signer-wait", "TRUSTD_SIGNER_WAIT", "admit only as many requests as the signer, at its measured rate, serves within this time (default 2s)", false},
@@ -200,6 +202,12 @@ func loadConfig(get lookup) (*config, error) {
 		return nil, err
 	}
 	if c.rates.PerPeerBurst, err = intSetting(get, "peer-burst"); err != nil {
+		return nil, err
+	}
+	if c.rates.BadTokenBurst, err = intSetting(get, "bad-token-burst"); err != nil {
+		return nil, err
+	}
+	if c.rates.BadTokenRate, err = floatSetting(get, "bad-token-rate"); err != nil {
 		return nil, err
 	}
 	if c.rates.MaxSignerQueue, err = intSetting(get, "signer-queue"); err != nil {

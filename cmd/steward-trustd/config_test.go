@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 )
@@ -35,6 +36,16 @@ func TestLoadConfig(t *testing.T) {
 					t.Fatalf("listen %q", c.listen)
 				}
 			}},
+		{name: "rates", env: map[string]string{"TRUSTD_PEER_RATE": "-1", "TRUSTD_PEER_BURST": "50", "TRUSTD_BAD_TOKEN_BURST": "3", "TRUSTD_BAD_TOKEN_RATE": "0.5", "TRUSTD_SIGNER_QUEUE": "100", "TRUSTD_SIGNER_WAIT": "500ms", "TRUSTD_MAX_CONNECTIONS": "64"},
+			check: func(t *testing.T, c *config) {
+				r := c.rates
+				if r.PerPeerRate != -1 || r.PerPeerBurst != 50 || r.BadTokenBurst != 3 || r.BadTokenRate != 0.5 || r.MaxSignerQueue != 100 || r.MaxSignerWait != 500*time.Millisecond || c.maxConns != 64 {
+					t.Fatalf("%+v maxConns=%d", r, c.maxConns)
+				}
+			}},
+		{name: "bad rate", env: map[string]string{"TRUSTD_BAD_TOKEN_RATE": "0"}, wantErr: "TRUSTD_BAD_TOKEN_RATE"},
+		{name: "bad queue", env: map[string]string{"TRUSTD_SIGNER_QUEUE": "-3"}, wantErr: "TRUSTD_SIGNER_QUEUE"},
+		{name: "bad wait", env: map[string]string{"TRUSTD_SIGNER_WAIT": "1ns"}, wantErr: "TRUSTD_SIGNER_WAIT"},
 		{name: "bad port", env: map[string]string{"TRUSTD_PORT": "70000"}, wantErr: "TRUSTD_PORT"},
 		{name: "bad listen", env: map[string]string{"TRUSTD_LISTEN_ADDRESS": "example.com"}, wantErr: "TRUSTD_LISTEN_ADDRESS"},
 		{name: "bad bool", env: map[string]string{"TRUSTD_DEBUG": "yes please"}, wantErr: "TRUSTD_DEBUG"},
