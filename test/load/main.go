@@ -207,7 +207,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 	if source.IsValid() {
 		ip = source.AsSlice()
 	}
-	key, csr, err := newCSR(o.keyType, ip)
+	_, csr, err := newCSR(o.keyType, ip)
 	if err != nil {
 		res.addErr(codes.Internal)
 		return
@@ -237,7 +237,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 			res.boots = append(res.boots, time.Since(arrived))
 			res.mu.Unlock()
 			if o.print {
-				printCert(stdout, crt, key)
+				printCert(stdout, crt)
 			}
 			return
 		}
@@ -323,7 +323,7 @@ func newCSR(keyType string, ip net.IP) (crypto.Signer, []byte, error) {
 	return key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
 }
 
-func printCert(w io.Writer, crtPEM []byte, _ crypto.Signer) {
+func printCert(w io.Writer, crtPEM []byte) {
 	block, _ := pem.Decode(crtPEM)
 	c, err := x509.ParseCertificate(block.Bytes)
 	if err != nil {
