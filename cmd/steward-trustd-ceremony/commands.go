@@ -305,6 +305,26 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 }
 
 // receiptsDir is --dir, or the directory of the CA file.
+// runIssue runs one issuing operation of the ceremony, with its receipt
+// in the directory --dir names (default: the directory of --ca), and
+// prints the outcome.
+func (e *environment) runIssue(stdout, stderr io.Writer, dir, caPath string, op func(*keystore.Ceremony, keystore.Dir) (*keystore.Outcome, error)) error {
+	rd, err := receiptsDir(dir, caPath)
+	if err != nil {
+		return err
+	}
+	cer, err := e.ceremony(stderr)
+	if err != nil {
+		return err
+	}
+	res, err := op(cer, rd)
+	if err != nil {
+		return err
+	}
+	printOutcome(stdout, res)
+	return nil
+}
+
 func receiptsDir(dir, caPath string) (keystore.OSDir, error) {
 	if dir == "" {
 		dir = filepath.Dir(caPath)
@@ -353,20 +373,10 @@ func signCSRCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if o.Out, err = outTarget(out); err != nil {
 				return err
 			}
-			rd, err := receiptsDir(dir, caPath)
-			if err != nil {
-				return err
-			}
-			cer, err := env.ceremony(stderr)
-			if err != nil {
-				return err
-			}
-			_, res, err := cer.SignCSR(cmd.Context(), rd, o)
-			if err != nil {
-				return err
-			}
-			printOutcome(stdout, res)
-			return nil
+			return env.runIssue(stdout, stderr, dir, caPath, func(cer *keystore.Ceremony, rd keystore.Dir) (*keystore.Outcome, error) {
+				_, res, err := cer.SignCSR(cmd.Context(), rd, o)
+				return res, err
+			})
 		},
 	}
 	f := c.Flags()
@@ -416,20 +426,9 @@ func talosconfigCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if o.Out, err = outTarget(out); err != nil {
 				return err
 			}
-			rd, err := receiptsDir(dir, caPath)
-			if err != nil {
-				return err
-			}
-			cer, err := env.ceremony(stderr)
-			if err != nil {
-				return err
-			}
-			res, err := cer.Talosconfig(cmd.Context(), rd, o)
-			if err != nil {
-				return err
-			}
-			printOutcome(stdout, res)
-			return nil
+			return env.runIssue(stdout, stderr, dir, caPath, func(cer *keystore.Ceremony, rd keystore.Dir) (*keystore.Outcome, error) {
+				return cer.Talosconfig(cmd.Context(), rd, o)
+			})
 		},
 	}
 	f := c.Flags()
@@ -498,20 +497,10 @@ func serverCertCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if o.Out, err = mkdir(out); err != nil {
 				return err
 			}
-			rd, err := receiptsDir(dir, caPath)
-			if err != nil {
-				return err
-			}
-			cer, err := env.ceremony(stderr)
-			if err != nil {
-				return err
-			}
-			_, res, err := cer.ServerCert(cmd.Context(), rd, o)
-			if err != nil {
-				return err
-			}
-			printOutcome(stdout, res)
-			return nil
+			return env.runIssue(stdout, stderr, dir, caPath, func(cer *keystore.Ceremony, rd keystore.Dir) (*keystore.Outcome, error) {
+				_, res, err := cer.ServerCert(cmd.Context(), rd, o)
+				return res, err
+			})
 		},
 	}
 	f := c.Flags()
