@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os/exec"
 	"slices"
 	"sync"
 	"testing"
@@ -32,14 +31,7 @@ func DevicesRequired() bool { return devtest.Required() }
 // is missing and DevicesRequired, skipping it otherwise.
 func RequireTool(tb testing.TB, name string) string {
 	tb.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if DevicesRequired() {
-			tb.Fatalf("%s is required (CI=true or STEWARD_REQUIRE_DEVICES=1) but not installed: %v", name, err)
-		}
-		tb.Skipf("%s not installed (apt-get install swtpm swtpm-tools); set STEWARD_REQUIRE_DEVICES=1 to make this a failure", name)
-	}
-	return p
+	return devtest.NeedTool(tb, name)
 }
 
 // Dial implements tpm.DialFunc for swtpm sockets (swtpm= and socket=);

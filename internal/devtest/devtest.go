@@ -18,15 +18,18 @@ func Required() bool {
 	return os.Getenv("CI") == "true" || os.Getenv("STEWARD_REQUIRE_DEVICES") == "1"
 }
 
-// NeedTool fails tb (when Required) or skips it when tool is not on PATH.
-func NeedTool(tb testing.TB, tool string) {
+// NeedTool returns the path of tool, failing tb (when Required) or
+// skipping it when tool is not on PATH.
+func NeedTool(tb testing.TB, tool string) string {
 	tb.Helper()
-	if _, err := exec.LookPath(tool); err != nil {
+	p, err := exec.LookPath(tool)
+	if err != nil {
 		if Required() {
-			tb.Fatalf("%s is required (CI=true or STEWARD_REQUIRE_DEVICES=1) but not installed: %v", tool, err)
+			tb.Fatalf("%s is required (CI=true or STEWARD_REQUIRE_DEVICES=1) but not installed (make deps): %v", tool, err)
 		}
-		tb.Skipf("%s not installed and neither CI nor make test asked for it; skipping", tool)
+		tb.Skipf("%s not installed (make deps) and neither CI nor make test asked for it; skipping", tool)
 	}
+	return p
 }
 
 // BuildBinaries builds the main packages pkgs (e.g. "./cmd/steward-trustd")
