@@ -48,11 +48,22 @@ test-coverage: deps
 	$(GO) test -race -count=1 -coverprofile=coverage.out ./...
 	$(GO) tool cover -func=coverage.out | tail -1
 
-lint:
+# gofmt, go vet and golangci-lint (errorlint, cyclop 20, gocognit 30, …;
+# see .golangci.yml) on both modules. golangci-lint is pinned in
+# hack/tools/go.mod and built into $(BIN) on first use.
+GOLANGCI_LINT := $(BIN)/golangci-lint
+
+$(GOLANGCI_LINT): hack/tools/go.mod hack/tools/go.sum
+	@echo "building golangci-lint (pinned in hack/tools/go.mod; first time takes a few minutes)"
+	cd hack/tools && $(GO) build -o $(abspath $(GOLANGCI_LINT)) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+
+lint: $(GOLANGCI_LINT)
 	@bad=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	cd test/talos && $(GO) vet ./...
+	$(GOLANGCI_LINT) run ./...
+	cd test/talos && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
 
 # Short fuzzing runs of every fuzz target.
 fuzz:

@@ -49,7 +49,7 @@ func (b *Backend) Scheme() string { return Scheme }
 func ParseURI(uri string) (string, error) {
 	u, err := url.Parse(uri)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", signer.ErrInvalidURI, err)
+		return "", fmt.Errorf("%w: %w", signer.ErrInvalidURI, err)
 	}
 	if u.Scheme != Scheme {
 		return "", fmt.Errorf("%w: scheme %q is not %q", signer.ErrInvalidURI, u.Scheme, Scheme)

@@ -57,7 +57,7 @@ func newSignRequest(pub crypto.PublicKey, digest []byte, opts crypto.SignerOpts)
 		return signRequest{
 			mech:      []*p11.Mechanism{p11.NewMechanism(p11.CKM_ECDSA, nil)},
 			data:      digest,
-			ecdsaSize: (k.Curve.Params().N.BitLen() + 7) / 8,
+			ecdsaSize: (k.Params().N.BitLen() + 7) / 8,
 		}, nil
 	case *rsa.PublicKey:
 		if pss, ok := opts.(*rsa.PSSOptions); ok {

@@ -82,67 +82,89 @@ func ParseURI(s string) (*URI, error) {
 	u := &URI{}
 	seen := map[string]bool{}
 	if path != "" {
-		for _, attr := range strings.Split(path, ";") {
-			name, raw, ok := strings.Cut(attr, "=")
-			if !ok {
-				return nil, uriErr("path attribute without '=' (want name=value)")
-			}
-			if !knownAttr(pathAttrs, name) {
-				if knownAttr(queryAttrs, name) {
-					return nil, uriErr("%q is a query attribute: put it after '?'", name)
-				}
-				return nil, uriErr("unsupported path attribute %q (supported: %s)", printable(name), strings.Join(pathAttrs, ", "))
-			}
-			if seen[name] {
-				return nil, uriErr("attribute %q given twice (RFC 7512 §2.3)", name)
-			}
-			seen[name] = true
-			val, err := unescape(raw, isPathChar)
-			if err != nil {
-				return nil, uriErr("attribute %q: %v", name, err)
-			}
-			if err := u.setPath(name, val); err != nil {
-				return nil, err
-			}
+		if err := u.parseSection(path, pathSection, seen); err != nil {
+			return nil, err
 		}
 	}
 	if hasQuery {
 		if query == "" {
 			return nil, uriErr("empty query after '?'")
 		}
-		for _, attr := range strings.Split(query, "&") {
-			name, raw, ok := strings.Cut(attr, "=")
-			if !ok {
-				return nil, uriErr("query attribute without '=' (want name=value)")
-			}
-			if !knownAttr(queryAttrs, name) {
-				if name == "module-name" {
-					return nil, uriErr("module-name is not supported: give the absolute module-path (e.g. /usr/lib/softhsm/libsofthsm2.so)")
-				}
-				if knownAttr(pathAttrs, name) {
-					return nil, uriErr("%q is a path attribute: put it before '?'", name)
-				}
-				// The name is not echoed: with a PIN containing an
-				// unencoded '&', it would be part of the PIN.
-				return nil, uriErr("unsupported query attribute (supported: %s; write '&' inside a value as %%26)", strings.Join(queryAttrs, ", "))
-			}
-			if seen[name] {
-				return nil, uriErr("attribute %q given twice (RFC 7512 §2.3)", name)
-			}
-			seen[name] = true
-			val, err := unescape(raw, isQueryChar)
-			if err != nil {
-				return nil, uriErr("attribute %q: %v", name, err)
-			}
-			if err := u.setQuery(name, val); err != nil {
-				return nil, err
-			}
+		if err := u.parseSection(query, querySection, seen); err != nil {
+			return nil, err
 		}
 	}
 	if err := u.validate(); err != nil {
 		return nil, err
 	}
 	return u, nil
+}
+
+// section is one half of a pkcs11: URI, the path (RFC 7512 §2.3) or the
+// query (§2.4): the same name=value grammar with its own separator,
+// attribute names, characters and messages.
+type section struct {
+	what    string
+	sep     string
+	known   []string
+	isChar  func(byte) bool
+	set     func(u *URI, name, val string) error
+	unknown func(name string) error
+}
+
+var pathSection = section{
+	what: "path", sep: ";", known: pathAttrs, isChar: isPathChar,
+	set: (*URI).setPath, unknown: unknownPathAttr,
+}
+
+var querySection = section{
+	what: "query", sep: "&", known: queryAttrs, isChar: isQueryChar,
+	set: (*URI).setQuery, unknown: unknownQueryAttr,
+}
+
+// parseSection parses one section's attributes into u; seen spans both
+// sections, since RFC 7512 §2.3 allows each attribute once per URI.
+func (u *URI) parseSection(s string, sec section, seen map[string]bool) error {
+	for _, attr := range strings.Split(s, sec.sep) {
+		name, raw, ok := strings.Cut(attr, "=")
+		if !ok {
+			return uriErr("%s attribute without '=' (want name=value)", sec.what)
+		}
+		if !knownAttr(sec.known, name) {
+			return sec.unknown(name)
+		}
+		if seen[name] {
+			return uriErr("attribute %q given twice (RFC 7512 §2.3)", name)
+		}
+		seen[name] = true
+		val, err := unescape(raw, sec.isChar)
+		if err != nil {
+			return uriErr("attribute %q: %v", name, err)
+		}
+		if err := sec.set(u, name, val); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func unknownPathAttr(name string) error {
+	if knownAttr(queryAttrs, name) {
+		return uriErr("%q is a query attribute: put it after '?'", name)
+	}
+	return uriErr("unsupported path attribute %q (supported: %s)", printable(name), strings.Join(pathAttrs, ", "))
+}
+
+func unknownQueryAttr(name string) error {
+	if name == "module-name" {
+		return uriErr("module-name is not supported: give the absolute module-path (e.g. /usr/lib/softhsm/libsofthsm2.so)")
+	}
+	if knownAttr(pathAttrs, name) {
+		return uriErr("%q is a path attribute: put it before '?'", name)
+	}
+	// The name is not echoed: with a PIN containing an unencoded '&', it
+	// would be part of the PIN.
+	return uriErr("unsupported query attribute (supported: %s; write '&' inside a value as %%26)", strings.Join(queryAttrs, ", "))
 }
 
 func knownAttr(list []string, name string) bool {
@@ -168,34 +190,13 @@ func (u *URI) setPath(name, val string) error {
 	if val == "" {
 		return uriErr("attribute %q is empty", name)
 	}
+	if f := u.textAttr(name); f != nil {
+		*f = val
+		return nil
+	}
 	switch name {
-	case "token":
-		u.Token = val
-	case "manufacturer":
-		u.Manufacturer = val
-	case "model":
-		u.Model = val
-	case "serial":
-		u.Serial = val
-	case "slot-description":
-		u.SlotDescription = val
-	case "slot-manufacturer":
-		u.SlotManufacturer = val
 	case "slot-id":
-		// RFC 7512 §2.3: pk11-slot-id = "slot-id" "=" 1*DIGIT
-		if !allDigits(val) {
-			return uriErr("slot-id must be decimal digits")
-		}
-		n, err := strconv.ParseUint(val, 10, strconv.IntSize)
-		if err != nil {
-			return uriErr("slot-id out of range")
-		}
-		id := uint(n)
-		u.SlotID = &id
-	case "library-manufacturer":
-		u.LibraryManufacturer = val
-	case "library-description":
-		u.LibraryDescription = val
+		return u.setSlotID(val)
 	case "library-version":
 		// RFC 7512 §2.3: 1*DIGIT [ "." 1*DIGIT ]
 		maj, min, dot := strings.Cut(val, ".")
@@ -203,20 +204,62 @@ func (u *URI) setPath(name, val string) error {
 			return uriErr("library-version must be N or N.M")
 		}
 		u.LibraryVersion = val
-	case "object":
-		u.Object = val
 	case "id":
 		u.ID = []byte(val)
 	case "type":
-		switch val {
-		case "private":
-		case "public", "cert", "secret-key", "data":
-			return uriErr("type=%s: a CA signing key is a private key (type=private or no type)", val)
-		default:
-			return uriErr("type must be one of public, private, cert, secret-key, data (RFC 7512 §2.3)")
-		}
-		u.Type = val
+		return u.setType(val)
 	}
+	return nil
+}
+
+// textAttr returns the field of a path attribute taken verbatim, or nil.
+func (u *URI) textAttr(name string) *string {
+	switch name {
+	case "token":
+		return &u.Token
+	case "manufacturer":
+		return &u.Manufacturer
+	case "model":
+		return &u.Model
+	case "serial":
+		return &u.Serial
+	case "slot-description":
+		return &u.SlotDescription
+	case "slot-manufacturer":
+		return &u.SlotManufacturer
+	case "library-manufacturer":
+		return &u.LibraryManufacturer
+	case "library-description":
+		return &u.LibraryDescription
+	case "object":
+		return &u.Object
+	}
+	return nil
+}
+
+func (u *URI) setSlotID(val string) error {
+	// RFC 7512 §2.3: pk11-slot-id = "slot-id" "=" 1*DIGIT
+	if !allDigits(val) {
+		return uriErr("slot-id must be decimal digits")
+	}
+	n, err := strconv.ParseUint(val, 10, strconv.IntSize)
+	if err != nil {
+		return uriErr("slot-id out of range")
+	}
+	id := uint(n)
+	u.SlotID = &id
+	return nil
+}
+
+func (u *URI) setType(val string) error {
+	switch val {
+	case "private":
+	case "public", "cert", "secret-key", "data":
+		return uriErr("type=%s: a CA signing key is a private key (type=private or no type)", val)
+	default:
+		return uriErr("type must be one of public, private, cert, secret-key, data (RFC 7512 §2.3)")
+	}
+	u.Type = val
 	return nil
 }
 
