@@ -70,23 +70,20 @@ func takesNextArg(cmd *cobra.Command, a string) bool {
 
 // lookupFlag finds a flag of cmd or a persistent flag of its ancestors.
 func lookupFlag(cmd *cobra.Command, name string) *pflag.Flag {
-	for c := cmd; c != nil; c = c.Parent() {
-		if f := c.Flags().Lookup(name); f != nil {
-			return f
-		}
-		if f := c.PersistentFlags().Lookup(name); f != nil {
-			return f
-		}
-	}
-	return nil
+	return lookup(cmd, func(fs *pflag.FlagSet) *pflag.Flag { return fs.Lookup(name) })
 }
 
+// lookupShorthand finds a flag by its one-letter shorthand, like lookupFlag.
 func lookupShorthand(cmd *cobra.Command, s string) *pflag.Flag {
+	return lookup(cmd, func(fs *pflag.FlagSet) *pflag.Flag { return fs.ShorthandLookup(s) })
+}
+
+func lookup(cmd *cobra.Command, find func(*pflag.FlagSet) *pflag.Flag) *pflag.Flag {
 	for c := cmd; c != nil; c = c.Parent() {
-		if f := c.Flags().ShorthandLookup(s); f != nil {
+		if f := find(c.Flags()); f != nil {
 			return f
 		}
-		if f := c.PersistentFlags().ShorthandLookup(s); f != nil {
+		if f := find(c.PersistentFlags()); f != nil {
 			return f
 		}
 	}
