@@ -13,8 +13,11 @@ import (
 // alone when its first letter is a shorthand of the command (-o json,
 // -ojson); the value of a flag that takes one is never rewritten, so
 // "-output -odd-dir" keeps its directory. Everything after "--" is
-// positional and kept as is.
+// positional and kept as is, and so is a shell completion request.
 func normalizeArgs(root *cobra.Command, args []string) []string {
+	if len(args) > 0 && (args[0] == cobra.ShellCompRequestCmd || args[0] == cobra.ShellCompNoDescRequestCmd) {
+		return args // the shell's word being completed must stay as typed
+	}
 	cmd := root
 	if c, _, err := root.Find(args); err == nil {
 		cmd = c

@@ -76,8 +76,19 @@ func Setup(root *cobra.Command, version string) {
 		root.Args = cobra.ArbitraryArgs
 		root.RunE = commandRequired
 	}
-	for _, c := range root.Commands() {
-		c.SilenceUsage, c.SilenceErrors = true, true
+	noArgsByDefault(root)
+}
+
+// noArgsByDefault makes the commands that declare no positional arguments
+// refuse them: cobra's legacy rule would silently ignore them on
+// subcommands.
+func noArgsByDefault(c *cobra.Command) {
+	c.SilenceUsage, c.SilenceErrors = true, true
+	if c.Args == nil {
+		c.Args = noArgs
+	}
+	for _, sub := range c.Commands() {
+		noArgsByDefault(sub)
 	}
 }
 
@@ -119,15 +130,12 @@ func Run(ctx context.Context, root *cobra.Command, args []string, stdout, stderr
 	return code
 }
 
-// strictArgs makes every positional-argument error a usage error, and a
-// command that declares no positional arguments refuse them (cobra's
-// legacy rule would silently ignore them on subcommands).
+// strictArgs makes every positional-argument error a usage error,
+// including those of cobra's own help and completion commands.
 func strictArgs(c *cobra.Command) {
-	validate := c.Args
-	if validate == nil {
-		validate = noArgs
+	if validate := c.Args; validate != nil {
+		c.Args = func(cmd *cobra.Command, args []string) error { return Usage(validate(cmd, args)) }
 	}
-	c.Args = func(cmd *cobra.Command, args []string) error { return Usage(validate(cmd, args)) }
 	for _, sub := range c.Commands() {
 		strictArgs(sub)
 	}

@@ -153,3 +153,23 @@ func TestExitCode(t *testing.T) {
 		t.Error("Usage(nil) is not nil")
 	}
 }
+
+func TestHelpAndCompletionRequests(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"help", "issue"}, "--hours hours"},
+		{[]string{"help"}, "Available Commands"},
+		{[]string{cobra.ShellCompRequestCmd, "issue", "--ho"}, "--hours"},
+		{[]string{cobra.ShellCompRequestCmd, ""}, "issue"},
+	} {
+		var sans []string
+		var force bool
+		var hours time.Duration
+		var out, errb bytes.Buffer
+		if code := Run(context.Background(), testRoot(&sans, &force, &hours), tt.args, &out, &errb); code != ExitOK || !strings.Contains(out.String(), tt.want) {
+			t.Errorf("%q: exit %d, stdout %q does not contain %q; stderr %s", tt.args, code, out.String(), tt.want, errb.String())
+		}
+	}
+}

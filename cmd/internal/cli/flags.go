@@ -143,7 +143,13 @@ func DurationVar(fs *pflag.FlagSet, p *time.Duration, name string, def, min, max
 type pcrsValue struct{ p *[]int }
 
 func (v *pcrsValue) Set(s string) error {
-	pcrs, err := ParsePCRs(s)
+	// Spaces around items ("7, 11") were always accepted on the command
+	// line; the URI grammar has none.
+	items := strings.Split(s, ",")
+	for i := range items {
+		items[i] = strings.TrimSpace(items[i])
+	}
+	pcrs, err := ParsePCRs(strings.Join(items, ","))
 	if err != nil {
 		return err
 	}

@@ -107,7 +107,9 @@ func TestPCRsVar(t *testing.T) {
 		{"24", nil, "not a PCR index 0-23"},
 		{"7,7", nil, "PCR 7 given twice"},
 		{"7,", nil, "not a PCR index"},
-		{" 7", nil, "not a PCR index"},
+		{" 7, 11 ", []int{7, 11}, ""},
+		{"7,,11", nil, "not a PCR index"},
+		{"", nil, "not a PCR index"},
 	} {
 		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 		var pcrs []int
