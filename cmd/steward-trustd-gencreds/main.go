@@ -51,7 +51,8 @@ kubernetes-secret.yaml into DIR (mode 0600) for development, CI and make run-loc
 The CA key is a file: for a key on a TPM or an HSM use steward-trustd-ceremony.
 Flags take one dash or two (-cluster NAME, --cluster NAME).
 Exit codes: 0 success, 1 the operation failed, 2 usage error.`,
-		RunE: func(*cobra.Command, []string) error { return o.generate(stdout) },
+		RunE:                  func(*cobra.Command, []string) error { return o.generate(stdout) },
+		DisableFlagsInUseLine: true,
 	}
 	f := root.Flags()
 	f.StringVar(&o.cluster, "cluster", "", "cluster name (CA common name and Kubernetes Secret steward-trustd-NAME); required")
