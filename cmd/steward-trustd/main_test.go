@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 )
@@ -39,7 +40,10 @@ func TestCommandLine(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			getenv := func(k string) (string, bool) { v, ok := tt.env[k]; return v, ok }
 			var out, errb bytes.Buffer
-			code := run(context.Background(), tt.args, &out, &errb, getenv)
+			// Bounded, should a reordered start-up ever reach serving.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			code := run(ctx, tt.args, &out, &errb, getenv)
 			if code != tt.code {
 				t.Fatalf("exit %d, want %d; stderr %s", code, tt.code, errb.String())
 			}

@@ -30,6 +30,7 @@ const (
 // UsageError marks an error in the command line: exit status [ExitUsage].
 type UsageError struct{ Err error }
 
+// Error returns the message of the wrapped error.
 func (e *UsageError) Error() string { return e.Err.Error() }
 
 // Unwrap returns the wrapped error.
