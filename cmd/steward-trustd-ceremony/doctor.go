@@ -2,7 +2,6 @@ package main
 
 import (
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,74 +10,92 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/keystore/doctor"
 )
 
+// doctorFlags are the flags of doctor.
+type doctorFlags struct {
+	machineConfig, endpoint, talosctlCA, output string
+	timeout                                     time.Duration
+}
+
+// options reads the machine config and the talosctl CA.
+func (f doctorFlags) options() (doctor.Options, error) {
+	data, err := os.ReadFile(f.machineConfig)
+	if err != nil {
+		return doctor.Options{}, err
+	}
+	wc, err := keystore.ParseWorkerConfig(data)
+	if err != nil {
+		return doctor.Options{}, fmt.Errorf("%s: %w", f.machineConfig, err)
+	}
+	o := doctor.Options{Config: wc, Endpoint: f.endpoint, Timeout: f.timeout, Rand: rand.Reader}
+	if f.talosctlCA != "" {
+		if o.TalosctlCA, err = readCA(f.talosctlCA); err != nil {
+			return doctor.Options{}, err
+		}
+	}
+	return o, nil
+}
+
 func doctorCmd(stdout io.Writer) *cobra.Command {
-	var mcPath, endpoint, caPath, output string
-	var timeout time.Duration
+	var f doctorFlags
 	c := &cobra.Command{
 		Use:   "doctor --machineconfig worker.yaml [--endpoint host:port]",
 		Short: "Connect to trustd exactly as a worker with this machine config would, and report each step",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := require(map[string]string{"machineconfig": mcPath}); err != nil {
+			if err := cli.Required(map[string]string{"machineconfig": f.machineConfig}); err != nil {
 				return err
 			}
-			if output != "text" && output != "json" {
-				return usagef("--output must be text or json")
+			if err := checkOutput(f.output); err != nil {
+				return err
 			}
-			if timeout <= 0 {
-				return usagef("--timeout must be positive")
-			}
-			data, err := os.ReadFile(mcPath)
+			o, err := f.options()
 			if err != nil {
 				return err
 			}
-			wc, err := keystore.ParseWorkerConfig(data)
-			if err != nil {
-				return fmt.Errorf("%s: %w", mcPath, err)
-			}
-			o := doctor.Options{Config: wc, Endpoint: endpoint, Timeout: timeout, Rand: rand.Reader}
-			if caPath != "" {
-				if o.TalosctlCA, err = readCA(caPath); err != nil {
-					return err
-				}
-			}
-			rep := doctor.Run(cmd.Context(), o)
-			if output == "json" {
-				enc := json.NewEncoder(stdout)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(rep); err != nil {
-					return err
-				}
-			} else {
-				for _, s := range rep.Steps {
-					mark := "ok  "
-					if !s.OK {
-						mark = "FAIL"
-					}
-					fmt.Fprintf(stdout, "%s %-16s %s", mark, s.Name, s.Target)
-					if s.Detail != "" {
-						fmt.Fprintf(stdout, ": %s", s.Detail)
-					}
-					fmt.Fprintln(stdout)
-					if s.Hint != "" {
-						fmt.Fprintf(stdout, "     hint: %s\n", s.Hint)
-					}
-				}
-			}
-			if !rep.OK() {
-				return errors.New("doctor found problems (see above)")
-			}
-			return nil
+			return reportDoctor(stdout, f.output, doctor.Run(cmd.Context(), o))
 		},
 	}
-	f := c.Flags()
-	f.StringVar(&mcPath, "machineconfig", "", "the worker's machine config (worker.yaml) or the ceremony's worker patch")
-	f.StringVar(&endpoint, "endpoint", "", "host:port to dial instead of cluster.controlPlane.endpoint:50001")
-	f.StringVar(&caPath, "talosctl-ca", "", "CA whose talosctl certificates must be accepted (default: machine.ca)")
-	f.DurationVar(&timeout, "timeout", 10*time.Second, "timeout of each network step (a worker's attempt is 10s)")
-	f.StringVarP(&output, "output", "o", "text", "text or json")
+	fs := c.Flags()
+	fs.StringVar(&f.machineConfig, "machineconfig", "", "the worker's machine config (worker.yaml) or the ceremony's worker patch")
+	fs.StringVar(&f.endpoint, "endpoint", "", "host:port to dial instead of cluster.controlPlane.endpoint:50001")
+	fs.StringVar(&f.talosctlCA, "talosctl-ca", "", "CA whose talosctl certificates must be accepted (default: machine.ca)")
+	cli.DurationVar(fs, &f.timeout, "timeout", 10*time.Second, 100*time.Millisecond, 5*time.Minute, "timeout of each network step (a worker's attempt is 10s)")
+	fs.StringVarP(&f.output, "output", "o", "text", "text or json")
 	return c
+}
+
+// reportDoctor prints the report; any failed step fails the command.
+func reportDoctor(w io.Writer, output string, rep *doctor.Report) error {
+	if output == "json" {
+		if err := writeJSON(w, rep); err != nil {
+			return err
+		}
+	} else {
+		printDoctor(w, rep)
+	}
+	if !rep.OK() {
+		return errors.New("doctor found problems (see above)")
+	}
+	return nil
+}
+
+func printDoctor(w io.Writer, rep *doctor.Report) {
+	for _, s := range rep.Steps {
+		mark := "ok  "
+		if !s.OK {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(w, "%s %-16s %s", mark, s.Name, s.Target)
+		if s.Detail != "" {
+			fmt.Fprintf(w, ": %s", s.Detail)
+		}
+		fmt.Fprintln(w)
+		if s.Hint != "" {
+			fmt.Fprintf(w, "     hint: %s\n", s.Hint)
+		}
+	}
 }

@@ -9,23 +9,18 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
-
-// Exit codes.
-const (
-	exitOK    = 0
-	exitFail  = 1
-	exitUsage = 2
-)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -40,28 +35,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env *envi
 	if env == nil {
 		env = defaultEnvironment()
 	}
-	root := newRoot(env, stdout, stderr)
-	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return exitOK
-	}
-	fmt.Fprintf(stderr, "steward-trustd-ceremony: %v\n", err)
-	var ue usageError
-	if errors.As(err, &ue) {
-		fmt.Fprintln(stderr, "run 'steward-trustd-ceremony --help' for usage")
-		return exitUsage
-	}
-	return exitFail
+	return cli.Run(ctx, newRoot(env, stdout, stderr), args, stdout, stderr)
 }
 
-// usageError marks errors in the command line (exit code 2).
-type usageError struct{ error }
+func newRoot(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "steward-trustd-ceremony",
+		Short: "Create, import and use the Talos OS CA key on a TPM, a PKCS#11 HSM or a file",
+		Long: `steward-trustd-ceremony manages the Talos OS CA whose private key lives on a device.
+Keys are named by URI: tpm:path=/var/lib/ca.tpmkey;pcrs=7, tpm:handle=0x81000100,
+pkcs11:token=ca;object=os-ca?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=/run/pin,
+or file:/etc/steward-trustd/certs/os-ca.key.
 
-func (u usageError) Unwrap() error { return u.error }
-
-func usagef(format string, args ...any) error {
-	return usageError{fmt.Errorf(format, args...)}
+Long flags may be written with one dash or two (-out DIR, --out DIR).
+Exit codes: 0 success, 1 the operation failed, 2 usage error.`,
+	}
+	root.AddCommand(
+		initCmd(env, stdout, stderr),
+		importCmd(env, stdout, stderr),
+		signCSRCmd(env, stdout, stderr),
+		talosconfigCmd(env, stdout, stderr),
+		serverCertCmd(env, stdout, stderr),
+		rotateCmd(env, stdout, stderr),
+		statusCmd(env, stdout, stderr),
+		doctorCmd(stdout),
+	)
+	cli.Setup(root, version)
+	return root
 }

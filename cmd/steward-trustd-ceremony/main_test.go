@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 )
 
 func runCmd(t *testing.T, args ...string) (int, string, string) {
@@ -31,25 +33,35 @@ func TestUsageErrors(t *testing.T) {
 		{"positional", []string{"status", "--signer", key, "extra"}, `unexpected argument "extra"`},
 		{"init missing flags", []string{"init"}, "--cluster, --out, --signer"},
 		{"init bad algorithm", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--algorithm", "dsa"}, "--algorithm"},
-		{"init bad hours", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--hours", "0"}, "--hours must be a positive"},
+		{"init bad hours", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--hours", "0"}, `invalid argument "0" for "--hours" flag: must be 1 to 175200 hours (20 years)`},
+		{"init hours wrap", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--hours", "2562048"}, "must be 1 to 175200"},
+		{"init hours past 20 years", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--hours", "2562047"}, "must be 1 to 175200"},
+		{"init duplicate pcrs", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--pcrs", "7,7"}, "PCR 7 given twice"},
 		{"init bad pcrs", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--pcrs", "99"}, "--pcrs"},
 		{"init pcrs on file", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--pcrs", "7"}, "only applies to tpm"},
 		{"import no source", []string{"import", "--signer", key, "--out", dir}, "give --key and --cert, or --talos-secrets"},
 		{"import both sources", []string{"import", "--signer", key, "--out", dir, "--key", "k", "--cert", "c", "--talos-secrets", "s"}, "not both"},
+		{"sign-csr without roles", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z"}, "--roles not set"},
+		{"sign-csr leaf hours", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z", "--roles", "os:reader", "--hours", "87601"}, "must be 1 to 87600 hours (10 years)"},
 		{"sign-csr unknown role", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z", "--roles", "os:root"}, "unknown role"},
 		{"sign-csr empty roles", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z", "--roles", ""}, "no role"},
 		{"talosconfig no endpoints", []string{"talosconfig", "--signer", key, "--ca", "x", "--context", "c", "--out", "z"}, "--endpoints"},
 		{"talosconfig bad endpoint", []string{"talosconfig", "--signer", key, "--ca", "x", "--context", "c", "--out", "z", "--endpoints", "a b"}, "--endpoints"},
 		{"server-cert no san", []string{"server-cert", "--signer", key, "--ca", "x", "--out", dir}, "--san"},
-		{"rotate finish with algorithm", []string{"rotate", "--new-signer", key, "--out", dir, "--finish", "--algorithm", "p384"}, "not to --finish"},
+		{"rotate finish with algorithm", []string{"rotate", "--new-signer", key, "--out", dir, "--finish", "--algorithm", "p384"}, "--algorithm applies to starting a rotation, not to --finish"},
+		{"rotate finish with hours", []string{"rotate", "--new-signer", key, "--out", dir, "--finish", "--hours", "5"}, "--hours applies to starting"},
+		{"rotate bad hours", []string{"rotate", "--new-signer", key, "--out", dir, "--hours", "-1"}, `"--hours" flag`},
+		{"server-cert bad hours", []string{"server-cert", "--signer", key, "--ca", "x", "--out", dir, "--san", "a", "--hours", "x"}, "not a whole number of hours"},
+		{"doctor timeout too long", []string{"doctor", "--machineconfig", "x", "--timeout", "1h"}, "must be 100ms to 5m0s"},
+		{"force with a value that is no bool", []string{"init", "--force=maybe"}, "--force"},
 		{"status bad output", []string{"status", "--signer", key, "--output", "xml"}, "--output must be text or json"},
 		{"doctor missing config", []string{"doctor"}, "--machineconfig"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			code, _, stderr := runCmd(t, tt.args...)
-			if code != exitUsage {
-				t.Fatalf("exit %d, want %d; stderr %s", code, exitUsage, stderr)
+			if code != cli.ExitUsage {
+				t.Fatalf("exit %d, want %d; stderr %s", code, cli.ExitUsage, stderr)
 			}
 			if !strings.Contains(stderr, tt.msg) {
 				t.Errorf("stderr %q does not mention %q", stderr, tt.msg)
@@ -62,7 +74,7 @@ func TestOperationErrors(t *testing.T) {
 	dir := t.TempDir()
 	key := "file:" + filepath.Join(dir, "ca.key")
 	out := filepath.Join(dir, "ceremony")
-	if code, _, stderr := runCmd(t, "init", "--signer", key, "--cluster", "c", "--out", out); code != exitOK {
+	if code, _, stderr := runCmd(t, "init", "--signer", key, "--cluster", "c", "--out", out); code != cli.ExitOK {
 		t.Fatalf("init: %d %s", code, stderr)
 	}
 	garbage := filepath.Join(dir, "garbage.pem")
@@ -78,9 +90,9 @@ func TestOperationErrors(t *testing.T) {
 		{"missing key", []string{"status", "--signer", "file:" + filepath.Join(dir, "nope.key")}, "key not found"},
 		{"bad scheme", []string{"status", "--signer", "gpg:whatever"}, "unknown scheme"},
 		{"init refuses overwrite", []string{"init", "--signer", "file:" + filepath.Join(dir, "k2.key"), "--cluster", "c", "--out", out}, "refusing to overwrite"},
-		{"missing ca file", []string{"sign-csr", "--signer", key, "--ca", filepath.Join(dir, "none.crt"), "--csr", garbage, "--out", filepath.Join(dir, "o.crt")}, "no such file"},
-		{"garbage ca", []string{"sign-csr", "--signer", key, "--ca", garbage, "--csr", garbage, "--out", filepath.Join(dir, "o.crt")}, "no PEM CERTIFICATE block"},
-		{"garbage csr", []string{"sign-csr", "--signer", key, "--ca", ca, "--csr", garbage, "--out", filepath.Join(dir, "o.crt")}, "CERTIFICATE REQUEST"},
+		{"missing ca file", []string{"sign-csr", "--signer", key, "--ca", filepath.Join(dir, "none.crt"), "--csr", garbage, "--roles", "os:reader", "--out", filepath.Join(dir, "o.crt")}, "no such file"},
+		{"garbage ca", []string{"sign-csr", "--signer", key, "--ca", garbage, "--csr", garbage, "--roles", "os:reader", "--out", filepath.Join(dir, "o.crt")}, "no PEM CERTIFICATE block"},
+		{"garbage csr", []string{"sign-csr", "--signer", key, "--ca", ca, "--csr", garbage, "--roles", "os:reader", "--out", filepath.Join(dir, "o.crt")}, "CERTIFICATE REQUEST"},
 		{"garbage import key", []string{"import", "--signer", "file:" + filepath.Join(dir, "i.key"), "--key", garbage, "--cert", ca, "--out", filepath.Join(dir, "i")}, "no private key PEM block"},
 		{"garbage machine config", []string{"doctor", "--machineconfig", garbage}, "machine config"},
 		{"rotate finish without start", []string{"rotate", "--new-signer", key, "--out", out, "--finish"}, "no rotation in progress"},
@@ -88,8 +100,8 @@ func TestOperationErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			code, _, stderr := runCmd(t, tt.args...)
-			if code != exitFail {
-				t.Fatalf("exit %d, want %d; stderr %s", code, exitFail, stderr)
+			if code != cli.ExitFailed {
+				t.Fatalf("exit %d, want %d; stderr %s", code, cli.ExitFailed, stderr)
 			}
 			if !strings.Contains(stderr, tt.msg) {
 				t.Errorf("stderr %q does not mention %q", stderr, tt.msg)
@@ -108,11 +120,11 @@ func TestStatusJSON(t *testing.T) {
 	dir := t.TempDir()
 	key := "file:" + filepath.Join(dir, "ca.key")
 	out := filepath.Join(dir, "ceremony")
-	if code, _, stderr := runCmd(t, "init", "--signer", key, "--cluster", "c", "--out", out); code != exitOK {
+	if code, _, stderr := runCmd(t, "init", "--signer", key, "--cluster", "c", "--out", out); code != cli.ExitOK {
 		t.Fatalf("init: %s", stderr)
 	}
 	code, stdout, stderr := runCmd(t, "status", "--signer", key, "--ca", filepath.Join(out, "os-ca.crt"), "--output", "json")
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("status: %s", stderr)
 	}
 	var st struct {
@@ -134,7 +146,7 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("status json %+v", st)
 	}
 	code, stdout, _ = runCmd(t, "status", "--signer", key, "--ca", filepath.Join(out, "os-ca.crt"))
-	if code != exitOK || !strings.Contains(stdout, "key matches:  true") || !strings.Contains(stdout, "init.key") {
+	if code != cli.ExitOK || !strings.Contains(stdout, "key matches:  true") || !strings.Contains(stdout, "init.key") {
 		t.Errorf("status text (%d):\n%s", code, stdout)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v4"
 
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
@@ -24,19 +25,23 @@ func TestUsageErrors(t *testing.T) {
 		args    []string
 		wantErr string
 	}{
-		{"no cluster", []string{"-output", "x"}, "-cluster is required"},
-		{"no output", []string{"-cluster", "c"}, "-output is required"},
+		{"no flags", nil, "required flag(s) --cluster, --output not set"},
+		{"no cluster", []string{"-output", "x"}, "--cluster not set"},
+		{"no output", []string{"-cluster", "c"}, "--output not set"},
 		{"bad algorithm", []string{"-cluster", "c", "-output", "x", "-algorithm", "rsa3072"}, "want p256 or ed25519"},
 		{"unknown algorithm", []string{"-cluster", "c", "-output", "x", "-algorithm", "dsa"}, "want p256 or ed25519"},
 		{"bad san", []string{"-cluster", "c", "-output", "x", "-san", "not a host"}, "neither an IP address nor a DNS name"},
-		{"unknown flag", []string{"-nope"}, "flag provided but not defined"},
+		{"unknown flag", []string{"-nope"}, "unknown flag: --nope"},
+		{"unknown double-dash flag", []string{"--nope"}, "unknown flag: --nope"},
+		{"missing value", []string{"-cluster", "c", "-output"}, "flag needs an argument: --output"},
+		{"bool with a value that is no bool", []string{"-cluster", "c", "-output", "x", "-force=maybe"}, `invalid argument "maybe" for "--force"`},
 		{"positional", []string{"-cluster", "c", "-output", "x", "extra"}, `unexpected argument "extra"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
-			if code := run(tt.args, &out, &errb); code != exitUsage {
-				t.Fatalf("exit code %d, want %d; stderr %s", code, exitUsage, errb.String())
+			if code := run(tt.args, &out, &errb); code != cli.ExitUsage {
+				t.Fatalf("exit code %d, want %d; stderr %s", code, cli.ExitUsage, errb.String())
 			}
 			if !strings.Contains(errb.String(), tt.wantErr) {
 				t.Errorf("stderr %q does not mention %q", errb.String(), tt.wantErr)
@@ -53,6 +58,7 @@ func TestGenerate(t *testing.T) {
 		sans  []string
 	}{
 		{"defaults single dash", []string{"-cluster", "demo"}, "ECDSA-P256", nil},
+		{"single dash with =", []string{"-cluster=demo", "-san=10.5.0.2,api.example.com", "-algorithm=p256"}, "ECDSA-P256", []string{"10.5.0.2", "api.example.com"}},
 		{"double dash ed25519", []string{"--cluster", "demo", "--algorithm", "ed25519", "--san", "10.5.0.2", "--san", "api.example.com,10.5.0.3"}, "Ed25519", []string{"10.5.0.2", "api.example.com", "10.5.0.3"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -63,7 +69,7 @@ func TestGenerate(t *testing.T) {
 				flagOut = "--output"
 			}
 			args := append(append([]string{}, tt.flags...), flagOut, dir)
-			if code := run(args, &out, &errb); code != exitOK {
+			if code := run(args, &out, &errb); code != cli.ExitOK {
 				t.Fatalf("exit %d: %s", code, errb.String())
 			}
 			for _, n := range outputs {
@@ -161,8 +167,8 @@ func TestRefusesOverwrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errb bytes.Buffer
-	if code := run([]string{"-cluster", "c", "-output", dir}, &out, &errb); code != exitFail {
-		t.Fatalf("exit %d, want %d", code, exitFail)
+	if code := run([]string{"-cluster", "c", "-output", dir}, &out, &errb); code != cli.ExitFailed {
+		t.Fatalf("exit %d, want %d", code, cli.ExitFailed)
 	}
 	if !strings.Contains(errb.String(), "refusing to overwrite") || !strings.Contains(errb.String(), "token") {
 		t.Errorf("stderr %q", errb.String())
@@ -175,10 +181,29 @@ func TestRefusesOverwrite(t *testing.T) {
 		t.Error("token was replaced")
 	}
 	errb.Reset()
-	if code := run([]string{"-cluster", "c", "-output", dir, "-force"}, &out, &errb); code != exitOK {
+	if code := run([]string{"-cluster", "c", "-output", dir, "-force"}, &out, &errb); code != cli.ExitOK {
 		t.Fatalf("-force: exit %d: %s", code, errb.String())
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, "token")); string(b) == "keep" {
 		t.Error("-force did not replace the token")
+	}
+}
+
+func TestHelpVersionCompletion(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-h"}, "-cluster NAME -output DIR"},
+		{[]string{"-help"}, "--san list"},
+		{[]string{"--help"}, "Flags take one dash or two"},
+		{[]string{"--version"}, "steward-trustd-gencreds version dev (go"},
+		{[]string{"-version"}, "steward-trustd-gencreds version dev"},
+		{[]string{"completion", "bash"}, "__start_steward-trustd-gencreds"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(tt.args, &out, &errb); code != cli.ExitOK || !strings.Contains(out.String(), tt.want) {
+			t.Errorf("%q: exit %d, stdout does not contain %q:\n%s%s", tt.args, code, tt.want, out.String(), errb.String())
+		}
 	}
 }

@@ -1,66 +1,72 @@
 // Command steward-trustd is a Talos-compatible trustd: it signs the apid
 // serving certificates of Talos worker nodes with an OS CA key held in a
 // TPM, a PKCS#11 token or a file.
+//
+// Exit codes: 0 clean shutdown, 1 failed, 2 bad command line or
+// configuration.
 package main
 
 import (
 	"context"
 	"errors"
-	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
 func main() {
-	os.Exit(run())
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv))
 }
 
-func run() int {
+// run is main without the process: getenv is the environment.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) int {
 	cmd := &cobra.Command{
-		Use:           "steward-trustd",
-		Short:         "Talos-compatible trustd with the OS CA key in a TPM, an HSM or a file",
-		Long:          "steward-trustd answers Talos workers' SecurityService/Certificate requests on port 50001.\nEvery flag can also be set with the environment variable shown in brackets; a flag wins over its variable.",
-		Version:       version,
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) > 0 {
-				return &usageError{err: fmt.Errorf("unexpected argument %q: steward-trustd takes flags only", args[0])}
+		Use:   "steward-trustd",
+		Short: "Talos-compatible trustd with the OS CA key in a TPM, an HSM or a file",
+		Long: "steward-trustd answers Talos workers' SecurityService/Certificate requests on port 50001.\n" +
+			"Every flag can also be set with the environment variable shown in brackets; a flag wins over its variable.\n" +
+			"Flags take one dash or two. Exit codes: 0 clean shutdown, 1 failed, 2 bad command line or configuration.",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(resolve(cmd.Flags(), getenv))
+			if err != nil {
+				return asUsage(err)
 			}
-			return nil
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			return asUsage(serve(ctx, cfg, stderr))
 		},
 	}
 	registerFlags(cmd.Flags())
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err: err} })
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		cfg, err := loadConfig(resolve(cmd.Flags(), os.LookupEnv))
-		if err != nil {
-			return err
-		}
-		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
-		defer stop()
-		return serve(ctx, cfg, os.Stderr)
-	}
-	if err := cmd.ExecuteContext(context.Background()); err != nil {
-		fmt.Fprintln(os.Stderr, "steward-trustd:", err)
-		var cfgErr *configError
-		var useErr *usageError
-		if errors.As(err, &cfgErr) || errors.As(err, &useErr) {
-			return 2
-		}
-		return 1
-	}
-	return 0
+	bareBools(cmd.Flags(), "debug", "require-peer-ip")
+	cli.Setup(cmd, version)
+	return cli.Run(ctx, cmd, args, stdout, stderr)
 }
 
-// usageError is a bad command line: exit status 2.
-type usageError struct{ err error }
+// asUsage makes a configuration error a usage error (exit 2): the fix is
+// in the command line or the environment.
+func asUsage(err error) error {
+	var cfgErr *configError
+	if errors.As(err, &cfgErr) {
+		return cli.Usage(err)
+	}
+	return err
+}
 
-func (e *usageError) Error() string { return e.err.Error() }
-func (e *usageError) Unwrap() error { return e.err }
+// bareBools lets the true/false settings be given as a bare flag
+// (--debug means --debug=true), like every boolean flag of the project.
+func bareBools(fs *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		if f := fs.Lookup(n); f != nil {
+			f.NoOptDefVal = "true"
+		}
+	}
+}

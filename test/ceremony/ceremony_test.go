@@ -255,7 +255,7 @@ func TestImport(t *testing.T) {
 			}
 			csr := filepath.Join(root, "u.csr")
 			writeCSR(t, csr, "bob")
-			mustCeremony(t, env, "sign-csr", "--signer", uri("imported"), "--ca", filepath.Join(out, keystore.FileCACert), "--csr", csr, "--out", filepath.Join(root, "u.crt"))
+			mustCeremony(t, env, "sign-csr", "--signer", uri("imported"), "--ca", filepath.Join(out, keystore.FileCACert), "--csr", csr, "--roles", "os:reader", "--out", filepath.Join(root, "u.crt"))
 
 			// Talos's default OS CA is Ed25519.
 			secrets := filepath.Join("..", "..", "keystore", "testdata", "talos-secrets.yaml")

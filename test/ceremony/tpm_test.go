@@ -38,7 +38,7 @@ func TestTPMPolicyStatus(t *testing.T) {
 	}
 	csr := filepath.Join(root, "u.csr")
 	writeCSR(t, csr, "carol")
-	r = ceremony(t, nil, "sign-csr", "--signer", uri, "--ca", caCrt, "--csr", csr, "--out", filepath.Join(root, "u.crt"))
+	r = ceremony(t, nil, "sign-csr", "--signer", uri, "--ca", caCrt, "--csr", csr, "--roles", "os:reader", "--out", filepath.Join(root, "u.crt"))
 	if r.code != 1 || !strings.Contains(r.stderr, "policy") {
 		t.Errorf("sign-csr with unsatisfied policy: want exit 1 mentioning the policy:\n%s", r)
 	}

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/steward-trustd/steward-trustd/cmd/internal/backends"
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+// environment is what commands take from the process, replaceable in
+// tests.
+type environment struct {
+	keys  func(logger *slog.Logger) (keystore.Keys, error)
+	clock func() time.Time
+	rand  io.Reader
+}
+
+func defaultEnvironment() *environment {
+	return &environment{
+		keys: func(l *slog.Logger) (keystore.Keys, error) {
+			r, err := backends.Registry(l)
+			if err != nil {
+				return nil, err
+			}
+			return r, nil
+		},
+		clock: time.Now,
+		rand:  rand.Reader,
+	}
+}
+
+// ceremony opens the key registry; device warnings go to stderr.
+func (e *environment) ceremony(stderr io.Writer) (*keystore.Ceremony, error) {
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	keys, err := e.keys(logger)
+	if err != nil {
+		return nil, err
+	}
+	return &keystore.Ceremony{Keys: keys, Clock: e.clock, Rand: e.rand, Version: version}, nil
+}
+
+// runOp runs one ceremony operation and prints its outcome.
+func (e *environment) runOp(stdout, stderr io.Writer, op func(*keystore.Ceremony) (*keystore.Outcome, error)) error {
+	cer, err := e.ceremony(stderr)
+	if err != nil {
+		return err
+	}
+	res, err := op(cer)
+	if err != nil {
+		return err
+	}
+	printOutcome(stdout, res)
+	return nil
+}
+
+func parseAlgorithm(s string) (signer.Algorithm, error) {
+	alg, err := signer.ParseAlgorithm(s)
+	if err != nil {
+		return "", cli.Usage(fmt.Errorf("--algorithm: %w", err))
+	}
+	return alg, nil
+}
+
+// parseRoles checks talosctl roles at the command line, so a typo is a
+// usage error before any device is opened.
+func parseRoles(roles []string) ([]string, error) {
+	parsed, err := keystore.ParseRoles(roles)
+	if err != nil {
+		return nil, cli.Usage(fmt.Errorf("--roles: %w", err))
+	}
+	return parsed, nil
+}
+
+// checkHosts checks IP addresses and DNS names given with flag.
+func checkHosts(flag string, hosts []string) error {
+	if len(hosts) == 0 {
+		return cli.Usagef("required flag(s) --%s not set", flag)
+	}
+	if _, _, err := keystore.SplitHosts(hosts); err != nil {
+		return cli.Usage(fmt.Errorf("--%s: %w", flag, err))
+	}
+	return nil
+}
+
+// withPCRs binds a tpm: key URI to the --pcrs selection.
+func withPCRs(uri string, pcrs []int) (string, error) {
+	out, err := keystore.WithPCRs(uri, pcrs)
+	return out, cli.Usage(err)
+}
+
+// readCA reads a CA certificate file holding exactly one certificate.
+func readCA(path string) (*x509.Certificate, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read CA certificate: %w", err)
+	}
+	ca, err := keystore.ParseCertificate(data)
+	if err != nil {
+		return nil, fmt.Errorf("CA certificate %s: %w", path, err)
+	}
+	return ca, nil
+}
+
+// readCSR reads and verifies a PEM certificate request.
+func readCSR(path string) ([]byte, *x509.CertificateRequest, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	csr, err := keystore.ParseCSR(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return data, csr, nil
+}
+
+func mkdir(dir string) (keystore.OSDir, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return keystore.OSDir{}, err
+	}
+	return keystore.OSDir{Root: dir}, nil
+}
+
+// receiptsDir is --dir, or the directory of the CA file.
+func receiptsDir(dir, caPath string) (keystore.OSDir, error) {
+	if dir == "" {
+		dir = filepath.Dir(caPath)
+	}
+	return mkdir(dir)
+}
+
+// outTarget is the output file --out names, its directory created.
+func outTarget(path string) (keystore.Target, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return keystore.Target{}, err
+	}
+	d, err := mkdir(filepath.Dir(abs))
+	if err != nil {
+		return keystore.Target{}, err
+	}
+	return keystore.Target{Dir: d, Name: filepath.Base(abs)}, nil
+}
+
+// trustFor is the talosconfig `ca` bundle: the signing CA plus, if they
+// sit next to it, os-ca.crt, accepted-cas.crt and os-ca.next.crt, so that
+// a talosconfig made during a rotation keeps verifying apid after it.
+func trustFor(ca *x509.Certificate, dir string) ([]*x509.Certificate, error) {
+	trust := []*x509.Certificate{ca}
+	for _, n := range []string{keystore.FileCACert, keystore.FileAcceptedCAs, keystore.FileNextCACert} {
+		certs, err := readOptionalCerts(filepath.Join(dir, n))
+		if err != nil {
+			return nil, err
+		}
+		trust = append(trust, certs...)
+	}
+	return trust, nil
+}
+
+// readOptionalCerts reads a PEM certificate file; a missing file is none.
+func readOptionalCerts(path string) ([]*x509.Certificate, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	certs, err := keystore.ParseCertificates(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return certs, nil
+}

@@ -1,0 +1,190 @@
+package main
+
+// The commands that put a CA key on a device: init, import, rotate.
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/keystore"
+)
+
+// keyFlags are the flags of commands that create a key.
+type keyFlags struct {
+	algorithm string
+	pcrs      []int
+}
+
+func (k *keyFlags) register(cmd *cobra.Command, algUsage, pcrsUsage string) {
+	cmd.Flags().StringVar(&k.algorithm, "algorithm", "p256", algUsage)
+	cli.PCRsVar(cmd.Flags(), &k.pcrs, "pcrs", pcrsUsage)
+}
+
+func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	var o keystore.InitOptions
+	var k keyFlags
+	var out string
+	c := &cobra.Command{
+		Use:   "init --signer URI --cluster NAME --out DIR",
+		Short: "Create the OS CA key on the device and self-sign the CA through it",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cli.Required(map[string]string{"signer": o.SignerURI, "cluster": o.Cluster, "out": out}); err != nil {
+				return err
+			}
+			var err error
+			if o.Algorithm, err = parseAlgorithm(k.algorithm); err != nil {
+				return err
+			}
+			if o.SignerURI, err = withPCRs(o.SignerURI, k.pcrs); err != nil {
+				return err
+			}
+			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+				d, err := mkdir(out)
+				if err != nil {
+					return nil, err
+				}
+				return cer.Init(cmd.Context(), d, o)
+			})
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&o.SignerURI, "signer", "", "key URI where the CA key is created (tpm:, pkcs11: or file:)")
+	f.StringVar(&o.Cluster, "cluster", "", "cluster name (CA common name, Kubernetes Secret steward-trustd-NAME)")
+	f.StringVar(&o.Organization, "organization", "talos", "CA subject organization")
+	cli.HoursVar(f, &o.Validity, "hours", 87600, cli.MaxCAHours, "CA validity in hours")
+	k.register(c, "key algorithm: p256, p384, rsa3072 or ed25519 (not on a TPM)",
+		"TPM only: bind the key to these sha256 PCRs, e.g. 7,11 (adds pcrs= to the tpm: URI)")
+	f.StringVar(&out, "out", "", "ceremony directory (os-ca.crt, token, kubernetes-secret.yaml, worker patch, receipts/)")
+	f.BoolVar(&o.Force, "force", false, "replace existing output files (device keys are never replaced)")
+	return c
+}
+
+// importFlags name the key being imported.
+type importFlags struct {
+	key, cert, secrets string
+}
+
+// source reads the key and certificate to import.
+func (f importFlags) source() (*keystore.ImportSource, error) {
+	switch {
+	case f.secrets != "" && (f.key != "" || f.cert != ""):
+		return nil, cli.Usagef("give either --talos-secrets or --key and --cert, not both")
+	case f.secrets != "":
+		data, err := os.ReadFile(f.secrets)
+		if err != nil {
+			return nil, err
+		}
+		return keystore.ParseTalosSecrets(data)
+	case f.key != "" && f.cert != "":
+		keyPEM, err := os.ReadFile(f.key)
+		if err != nil {
+			return nil, err
+		}
+		certPEM, err := os.ReadFile(f.cert)
+		if err != nil {
+			return nil, err
+		}
+		return keystore.ParseImportFiles(keyPEM, certPEM)
+	default:
+		return nil, cli.Usagef("give --key and --cert, or --talos-secrets")
+	}
+}
+
+// path is the source file to destroy once the key is on the device.
+func (f importFlags) path() string {
+	if f.key != "" {
+		return f.key
+	}
+	return f.secrets
+}
+
+func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	var o keystore.ImportOptions
+	var src importFlags
+	var out string
+	c := &cobra.Command{
+		Use:   "import --signer URI (--key os-ca.key --cert os-ca.crt | --talos-secrets secrets.yaml) --out DIR",
+		Short: "Move an existing OS CA key onto the device as non-extractable",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cli.Required(map[string]string{"signer": o.SignerURI, "out": out}); err != nil {
+				return err
+			}
+			var err error
+			if o.Source, err = src.source(); err != nil {
+				return err
+			}
+			err = env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+				d, err := mkdir(out)
+				if err != nil {
+					return nil, err
+				}
+				return cer.Import(cmd.Context(), d, o)
+			})
+			if err == nil {
+				fmt.Fprintf(stdout, "destroy the source now: shred -u %s\n", src.path())
+			}
+			return err
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&o.SignerURI, "signer", "", "key URI where the CA key is put")
+	f.StringVar(&src.key, "key", "", "CA private key PEM file")
+	f.StringVar(&src.cert, "cert", "", "CA certificate PEM file")
+	f.StringVar(&src.secrets, "talos-secrets", "", "secrets.yaml from `talosctl gen secrets` (uses certs.os and trustdinfo.token)")
+	f.StringVar(&o.Cluster, "cluster", "", "cluster name for the Kubernetes Secret (default: the CA's common name, or talos)")
+	f.StringVar(&out, "out", "", "ceremony directory")
+	f.BoolVar(&o.Force, "force", false, "replace existing output files (device keys are never replaced)")
+	return c
+}
+
+func rotateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	var o keystore.RotateOptions
+	var k keyFlags
+	var out string
+	var finish bool
+	c := &cobra.Command{
+		Use:   "rotate --new-signer URI --out DIR [--finish]",
+		Short: "Start a CA rotation (new key, both CAs accepted), or finish it with --finish",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cli.Required(map[string]string{"new-signer": o.NewSignerURI, "out": out}); err != nil {
+				return err
+			}
+			d := keystore.OSDir{Root: out}
+			if finish {
+				return rotateFinish(cmd, env, stdout, stderr, d, o.NewSignerURI)
+			}
+			var err error
+			if o.Algorithm, err = parseAlgorithm(k.algorithm); err != nil {
+				return err
+			}
+			if o.NewSignerURI, err = withPCRs(o.NewSignerURI, k.pcrs); err != nil {
+				return err
+			}
+			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+				return cer.Rotate(cmd.Context(), d, o)
+			})
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&o.NewSignerURI, "new-signer", "", "key URI of the new CA key (created at start, used at --finish)")
+	f.BoolVar(&finish, "finish", false, "finish the rotation: the new CA becomes os-ca.crt, the old one is dropped")
+	k.register(c, "new key algorithm", "TPM only: PCRs to bind the new key to")
+	cli.HoursVar(f, &o.Validity, "hours", 87600, cli.MaxCAHours, "new CA validity in hours")
+	f.StringVar(&out, "out", "", "ceremony directory (holds os-ca.crt and token)")
+	return c
+}
+
+func rotateFinish(cmd *cobra.Command, env *environment, stdout, stderr io.Writer, d keystore.Dir, uri string) error {
+	for _, n := range []string{"algorithm", "pcrs", "hours"} {
+		if cmd.Flags().Changed(n) {
+			return cli.Usagef("--%s applies to starting a rotation, not to --finish", n)
+		}
+	}
+	return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+		return cer.RotateFinish(cmd.Context(), d, keystore.RotateFinishOptions{NewSignerURI: uri})
+	})
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"crypto/x509"
+	"errors"
+	"io"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/keystore"
+)
+
+// statusFlags are the flags of status.
+type statusFlags struct {
+	signer, ca, dir, output string
+}
+
+// inputs reads --ca and the receipts directory (--dir, default the
+// directory of --ca; nil when neither is given).
+func (f statusFlags) inputs() (*x509.Certificate, keystore.Dir, error) {
+	var ca *x509.Certificate
+	dir := f.dir
+	if f.ca != "" {
+		var err error
+		if ca, err = readCA(f.ca); err != nil {
+			return nil, nil, err
+		}
+		if dir == "" {
+			dir = filepath.Dir(f.ca)
+		}
+	}
+	if dir == "" {
+		return ca, nil, nil
+	}
+	return ca, keystore.OSDir{Root: dir}, nil
+}
+
+func statusCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	var f statusFlags
+	c := &cobra.Command{
+		Use:   "status --signer URI [--ca os-ca.crt] [--dir DIR] [--output text|json]",
+		Short: "Describe the CA key, its policy, the CA certificate and the receipts",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cli.Required(map[string]string{"signer": f.signer}); err != nil {
+				return err
+			}
+			if err := checkOutput(f.output); err != nil {
+				return err
+			}
+			ca, d, err := f.inputs()
+			if err != nil {
+				return err
+			}
+			cer, err := env.ceremony(stderr)
+			if err != nil {
+				return err
+			}
+			st, err := cer.Status(cmd.Context(), f.signer, ca, d)
+			if err != nil {
+				return err
+			}
+			return reportStatus(stdout, f.output, st)
+		},
+	}
+	fs := c.Flags()
+	fs.StringVar(&f.signer, "signer", "", "CA key URI")
+	fs.StringVar(&f.ca, "ca", "", "CA certificate to check against the key")
+	fs.StringVar(&f.dir, "dir", "", "ceremony directory whose receipts to list (default: the directory of --ca)")
+	fs.StringVarP(&f.output, "output", "o", "text", "text or json")
+	return c
+}
+
+// reportStatus prints st; a key that does not match the CA fails.
+func reportStatus(w io.Writer, output string, st *keystore.Status) error {
+	if output == "json" {
+		return writeJSON(w, st)
+	}
+	printStatus(w, st)
+	if st.CA != nil && !st.CA.KeyMatches {
+		return errors.New("the key does not match the CA certificate")
+	}
+	return nil
+}

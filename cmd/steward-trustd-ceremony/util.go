@@ -1,5 +1,0 @@
-package main
-
-import "sort"
-
-func sortStrings(s []string) { sort.Strings(s) }
