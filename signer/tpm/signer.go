@@ -96,7 +96,7 @@ func (s *Signer) setPublic(p *tpm2.TPMTPublic) error {
 		return err
 	}
 	s.pub, s.name, s.policy = pub, *name, p.AuthPolicy.Buffer
-	s.size = (pub.Curve.Params().N.BitLen() + 7) / 8
+	s.size = (pub.Params().N.BitLen() + 7) / 8
 	s.pcrDesc = "sha256:" + pcrList(s.km.pcrs)
 	s.desc = signer.Description{
 		Backend:      Scheme,
