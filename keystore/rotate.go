@@ -266,9 +266,10 @@ func planFinish(st *state, f *finish, key signer.Description, server map[string]
 	}
 	files = append(append(files, cluster...), File{Name: FileNextCACert, Remove: true})
 	if f.switched && st.receipt("rotate.finish", key.Fingerprint, CertFingerprint(f.next)) != nil {
-		// Only the removal of os-ca.next.crt was left.
-		p.resumed = []string{"the finish was recorded by an earlier run; " + st.dir.Path(FileNextCACert) + " is removed now"}
-		files = []File{{Name: FileNextCACert, Remove: true}}
+		// The earlier run was killed after its receipt: only the
+		// removals are left.
+		p.resumed = []string{"the finish was recorded by an earlier run; the files it removes are removed now"}
+		files = removals(files)
 		p.recorded = true
 	}
 	p.files = files
@@ -282,6 +283,17 @@ func planFinish(st *state, f *finish, key signer.Description, server map[string]
 		"talosconfigs signed by the old CA stop working once workers renew their certificates; the old key can then be destroyed on the device",
 	}
 	return p, nil
+}
+
+// removals returns the removals of files.
+func removals(files []File) []File {
+	var out []File
+	for _, f := range files {
+		if f.Remove {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func secretCluster(ca *x509.Certificate) string {
