@@ -11,9 +11,9 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"strings"
 	"time"
 
+	"github.com/steward-trustd/steward-trustd/internal/crashpoint"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -75,60 +75,41 @@ func (c *Ceremony) check() error {
 	return nil
 }
 
-// algorithmHint explains an algorithm a backend refused.
-func algorithmHint(uri string, alg signer.Algorithm) string {
-	if alg == signer.Ed25519 && strings.HasPrefix(uri, "tpm:") {
-		return "a TPM 2.0 cannot hold Ed25519 keys: create an ECDSA P-256 CA (--algorithm p256, accepted by every Talos version because the certificate signature follows the CA key), or keep Ed25519 in a PKCS#11 HSM that supports CKM_EDDSA"
-	}
-	return "choose another --algorithm; p256 works on every TPM and HSM"
+// step marks a point at which a crash must be recoverable; a test build
+// of the binary can be killed there (internal/crashpoint).
+func (c *Ceremony) step(name string) { crashpoint.At(name) }
+
+// Locker is implemented by a Dir that several processes may use at once
+// (OSDir): Lock takes the directory for one operation and removes the
+// temporary files of writes killed earlier (no other process can be
+// writing them then); unlock releases it.
+type Locker interface {
+	Lock() (unlock func(), removed []string, err error)
 }
 
-// generateOrResume creates a key at uri and records that in a receipt of
-// operation op before anything else can fail. If the key exists already, it
-// is reused only when a receipt of op for that very key shows that an
-// earlier run of this ceremony created it (an interrupted run); any other
-// existing key is refused, never reused or replaced.
-func (c *Ceremony) generateOrResume(ctx context.Context, d Dir, uri string, alg signer.Algorithm, op string) (signer.Signer, bool, error) {
-	s, err := c.Keys.Generate(ctx, uri, alg)
-	if err == nil {
-		r := newReceipt(op, c.Version, c.now(), s.Describe())
-		r.Details = map[string]string{"algorithm": string(alg)}
-		f, ferr := receiptFile(d, r, c.Rand)
-		if ferr == nil {
-			ferr = WriteSet(d, []File{f}, false)
+// begin locks d (if it is a Locker) and reads its state, once, for one
+// operation. The caller calls the returned unlock when done.
+func (c *Ceremony) begin(d Dir) (*state, func(), error) {
+	if err := c.check(); err != nil {
+		return nil, nil, err
+	}
+	unlock := func() {}
+	var removed []string
+	if l, ok := d.(Locker); ok {
+		var err error
+		if unlock, removed, err = l.Lock(); err != nil {
+			return nil, nil, err
 		}
-		if ferr != nil {
-			s.Close()
-			return nil, false, fmt.Errorf("the key was created on the device (fingerprint %s, %s) but its receipt could not be written, so a re-run cannot tell it is ours: %w", r.KeyFingerprint, r.KeyLocation, ferr)
-		}
-		return s, false, nil
 	}
-	if errors.Is(err, signer.ErrUnsupportedAlgorithm) {
-		return nil, false, fmt.Errorf("create key: %w (%s)", err, algorithmHint(uri, alg))
+	st, err := readState(d)
+	if err != nil {
+		unlock()
+		return nil, nil, err
 	}
-	if !errors.Is(err, signer.ErrKeyExists) {
-		return nil, false, fmt.Errorf("create key: %w", err)
+	for _, r := range removed {
+		st.cleaned = append(st.cleaned, "removed "+r+", the temporary file of a write that was killed")
 	}
-	s, oerr := c.Keys.Open(ctx, uri)
-	if oerr != nil {
-		return nil, false, fmt.Errorf("a key exists at the signer URI but cannot be opened: %w", oerr)
-	}
-	fp := s.Describe().Fingerprint
-	rc, rerr := findReceipt(d, op, fp)
-	if rerr != nil {
-		s.Close()
-		return nil, false, rerr
-	}
-	if rc == nil {
-		s.Close()
-		return nil, false, fmt.Errorf("%w: a key (fingerprint %s) already exists at the signer URI and %s holds no %q receipt for it, so this ceremony did not create it; choose another key location, or bring an existing CA key in with `import`",
-			signer.ErrKeyExists, fp, d.Path(DirReceipts), op)
-	}
-	if got := s.Describe().Algorithm; !strings.EqualFold(strings.ReplaceAll(got, "-", ""), algName(alg)) {
-		s.Close()
-		return nil, false, fmt.Errorf("%w: the key an earlier run created is %s, not %s", signer.ErrKeyExists, got, alg)
-	}
-	return s, true, nil
+	return st, unlock, nil
 }
 
 // algName maps an Algorithm to signer.AlgorithmName without the dash.
@@ -261,22 +242,6 @@ func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certifi
 		File{Name: FileWorkerPatch, Data: patch, Mode: 0o600},
 		File{Name: FileKubernetesSecret, Data: secret, Mode: 0o600},
 	), nil
-}
-
-// serverFiles returns server.crt and server.key from d if both exist.
-func serverFiles(d Dir) (map[string][]byte, error) {
-	crt, err := readOptional(d, FileServerCert)
-	if err != nil {
-		return nil, err
-	}
-	key, err := readOptional(d, FileServerKey)
-	if err != nil {
-		return nil, err
-	}
-	if crt == nil || key == nil {
-		return nil, nil
-	}
-	return map[string][]byte{FileServerCert: crt, FileServerKey: key}, nil
 }
 
 // paths lists the written files (removals are listed in the receipt).

@@ -3,6 +3,7 @@ package keystore_test
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -31,11 +32,29 @@ var testNow = time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
 
 func newCeremony(t *testing.T) *keystore.Ceremony {
 	t.Helper()
-	reg, err := signer.NewRegistry(&file.Backend{})
+	reg, err := signer.NewRegistry(&file.Backend{}, refusingBackend{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &keystore.Ceremony{Keys: reg, Clock: func() time.Time { return testNow }, Rand: rand.Reader, Version: "test"}
+}
+
+// refusingBackend (scheme "refuse") holds no keys and refuses every
+// algorithm, as a TPM refuses Ed25519.
+type refusingBackend struct{}
+
+func (refusingBackend) Scheme() string { return "refuse" }
+
+func (refusingBackend) Open(context.Context, string) (signer.Signer, error) {
+	return nil, signer.ErrKeyNotFound
+}
+
+func (refusingBackend) Generate(context.Context, string, signer.Algorithm) (signer.Signer, error) {
+	return nil, signer.ErrUnsupportedAlgorithm
+}
+
+func (refusingBackend) Import(context.Context, string, crypto.Signer) (signer.Signer, error) {
+	return nil, signer.ErrUnsupportedAlgorithm
 }
 
 // failDir fails writes of one file name.
@@ -437,7 +456,7 @@ func TestRotation(t *testing.T) {
 	}
 	oldClient := issueClient(t, c, oldURI, d.Path(keystore.FileCACert), nil, []string{"os:admin"}, filepath.Join(root, "old.talosconfig"))
 
-	if _, err := c.RotateFinish(ctx, d, keystore.RotateFinishOptions{NewSignerURI: newURI}); err == nil || !strings.Contains(err.Error(), "no rotation in progress") {
+	if _, err := c.RotateFinish(ctx, d, keystore.RotateFinishOptions{NewSignerURI: newURI}); !errors.Is(err, keystore.ErrNoRotation) {
 		t.Fatalf("finish before start: %v", err)
 	}
 	if _, err := c.Rotate(ctx, d, keystore.RotateOptions{NewSignerURI: newURI}); err != nil {
@@ -448,8 +467,8 @@ func TestRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Resumed) != 2 {
-		t.Errorf("rotate re-run resumed %v", res.Resumed)
+	if len(res.Resumed) != 2 || !res.AlreadyDone {
+		t.Errorf("rotate re-run resumed %v, already done %v", res.Resumed, res.AlreadyDone)
 	}
 	oldCA, next := mustCA(t, d, keystore.FileCACert), mustCA(t, d, keystore.FileNextCACert)
 	bundle, err := keystore.TrustBundle(d)
@@ -499,7 +518,7 @@ func TestRotation(t *testing.T) {
 	if _, err := apidtest.Login(oldClient, after.Addr(), "127.0.0.1"); err == nil {
 		t.Error("after finish, old-CA client still accepted")
 	}
-	if got := receiptOps(t, d); strings.Join(got, " ") != "init.key init server-cert talosconfig rotate.key rotate rotate talosconfig rotate.finish" {
+	if got := receiptOps(t, d); strings.Join(got, " ") != "init.key init server-cert talosconfig rotate.key rotate talosconfig rotate.finish" {
 		t.Errorf("receipts %v", got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
+	"github.com/steward-trustd/steward-trustd/internal/crashpoint"
 )
 
 // Dir is the output directory of a ceremony. Names are slash-separated
@@ -256,6 +257,16 @@ func WritePlaced(files []Placed) error {
 			}
 			return fmt.Errorf("write %s: %w (no file was changed)", p.Dir.Path(p.File.Name), err)
 		}
+		crashpoint.At("wrote " + stepName(p.File.Name))
 	}
 	return nil
+}
+
+// stepName names the crash point after writing name; receipts share
+// one name, since theirs differ in every run.
+func stepName(name string) string {
+	if strings.HasPrefix(name, DirReceipts+"/") {
+		return "a receipt"
+	}
+	return name
 }

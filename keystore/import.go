@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v4"
 
@@ -103,94 +104,128 @@ var ErrEd25519TPM = errors.New("a TPM 2.0 cannot hold Ed25519 keys (Talos's defa
 // key into the device (non-extractable where the backend can enforce it),
 // verifies it by signing on the device, and writes the cluster files and
 // a receipt into d. The source key file is the caller's to destroy.
+//
+// An interrupted Import resumes when re-run: the key is known in advance,
+// so a key at the signer URI with its fingerprint is the one an earlier
+// run put there; any other key there is refused (ForeignKeyError).
 func (c *Ceremony) Import(ctx context.Context, d Dir, o ImportOptions) (*Outcome, error) {
-	if err := c.check(); err != nil {
-		return nil, err
-	}
-	src := o.Source
-	if src == nil || src.Key == nil || src.Cert == nil {
-		return nil, errors.New("import: a CA key and certificate are required")
-	}
-	if !KeyMatchesCert(src.Key.Public(), src.Cert) {
-		return nil, errors.New("import: the certificate's public key is not the key's: they are not a pair")
-	}
-	if !src.Cert.IsCA || src.Cert.KeyUsage&x509.KeyUsageCertSign == 0 {
-		return nil, errors.New("import: the certificate is not a CA certificate (needs basicConstraints CA and keyUsage certSign)")
-	}
-	if _, ok := src.Key.Public().(ed25519.PublicKey); ok && strings.HasPrefix(o.SignerURI, "tpm:") {
-		return nil, fmt.Errorf("import: %w: %w", signer.ErrUnsupportedAlgorithm, ErrEd25519TPM)
-	}
-	out := &Outcome{}
-	fp, err := signer.Fingerprint(src.Key.Public())
+	fp, err := o.check()
 	if err != nil {
 		return nil, err
 	}
-	caData, err := readOptional(d, FileCACert)
+	st, unlock, err := c.begin(d)
 	if err != nil {
-		return nil, err
-	}
-	resuming := false
-	if caData != nil {
-		existing, perr := ParseCertificate(caData)
-		switch {
-		case perr == nil && existing.Equal(src.Cert):
-			resuming = true
-		case !o.Force:
-			return nil, fmt.Errorf("import: %w: %s holds another CA", ErrExists, d.Path(FileCACert))
-		}
-	}
-	if !o.Force && !resuming {
-		present := make([]File, len(initOutputs))
-		for i, n := range initOutputs {
-			present[i] = File{Name: n}
-		}
-		if err := CheckAbsent(d, present); err != nil {
-			return nil, fmt.Errorf("import: %w", err)
-		}
-	}
-
-	s, err := c.Keys.Import(ctx, o.SignerURI, src.Key)
-	switch {
-	case err == nil:
-	case errors.Is(err, signer.ErrKeyExists):
-		// An earlier run may have imported this very key: accept it
-		// only if the device's key is the same key.
-		s, err = c.Keys.Open(ctx, o.SignerURI)
-		if err != nil {
-			return nil, fmt.Errorf("import: a key exists at the signer URI but cannot be opened: %w", err)
-		}
-		if s.Describe().Fingerprint != fp {
-			s.Close()
-			return nil, fmt.Errorf("import: %w: the signer URI holds another key (fingerprint %s); choose another key location", signer.ErrKeyExists, s.Describe().Fingerprint)
-		}
-		out.Resumed = append(out.Resumed, "the key was already on the device")
-	case errors.Is(err, signer.ErrUnsupportedAlgorithm):
-		if _, ok := src.Key.Public().(ed25519.PublicKey); ok {
-			return nil, fmt.Errorf("import: %w: %w", err, ErrEd25519TPM)
-		}
 		return nil, fmt.Errorf("import: %w", err)
-	default:
+	}
+	defer unlock()
+	if err := importTargetFree(st, o); err != nil {
+		return nil, fmt.Errorf("import: %w", err)
+	}
+	s, resumed, err := c.importKey(ctx, st, o, fp)
+	if err != nil {
 		return nil, fmt.Errorf("import: %w", err)
 	}
 	defer s.Close()
-	if err := VerifyDeviceSignature(s, src.Cert.PublicKey, c.Rand); err != nil {
+	if err := VerifyDeviceSignature(s, o.Source.Cert.PublicKey, c.Rand); err != nil {
 		return nil, fmt.Errorf("import: %w", err)
 	}
-	desc := s.Describe()
+	token, err := NewToken(c.Rand)
+	if err != nil {
+		return nil, err
+	}
+	p, err := planImport(st, o, importResults{key: s.Describe(), keyResumed: resumed, newToken: token})
+	if err != nil {
+		return nil, fmt.Errorf("import: %w", err)
+	}
+	return c.commit(st, p)
+}
 
-	token := src.Token
-	if token == "" && resuming {
-		t, err := readOptional(d, FileToken)
-		if err != nil {
-			return nil, err
+// check validates the source and returns its key's fingerprint.
+func (o *ImportOptions) check() (string, error) {
+	src := o.Source
+	if src == nil || src.Key == nil || src.Cert == nil {
+		return "", errors.New("import: a CA key and certificate are required")
+	}
+	if !KeyMatchesCert(src.Key.Public(), src.Cert) {
+		return "", fmt.Errorf("import: %w: the certificate's public key is not the key's, they are not a pair", ErrKeyMismatch)
+	}
+	if !src.Cert.IsCA || src.Cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return "", errors.New("import: the certificate is not a CA certificate (needs basicConstraints CA and keyUsage certSign)")
+	}
+	return signer.Fingerprint(src.Key.Public())
+}
+
+// importTargetFree refuses, before the device is touched, a directory
+// holding another CA's files unless --force.
+func importTargetFree(st *state, o ImportOptions) error {
+	switch {
+	case o.Force || (st.ca != nil && st.ca.Equal(o.Source.Cert)):
+		return nil
+	case st.ca != nil || st.caErr != nil:
+		return fmt.Errorf("%w: %s holds another CA", ErrExists, st.dir.Path(FileCACert))
+	case st.has(initOutputs...):
+		var present []File
+		for _, n := range initOutputs {
+			present = append(present, File{Name: n})
 		}
-		token = strings.TrimSpace(string(t))
+		return fmt.Errorf("%w: %v", ErrExists, st.present(present))
+	}
+	return nil
+}
+
+// importKey puts the source key on the device, or finds it there from an
+// earlier run (same fingerprint).
+func (c *Ceremony) importKey(ctx context.Context, st *state, o ImportOptions, fp string) (signer.Signer, []string, error) {
+	s, err := c.Keys.Import(ctx, o.SignerURI, o.Source.Key)
+	switch {
+	case err == nil:
+		c.step("import key imported")
+		return s, nil, nil
+	case errors.Is(err, signer.ErrKeyExists):
+		return c.importedEarlier(ctx, st, o.SignerURI, fp)
+	case errors.Is(err, signer.ErrUnsupportedAlgorithm):
+		if _, ok := o.Source.Key.Public().(ed25519.PublicKey); ok {
+			return nil, nil, fmt.Errorf("%w: %w", err, ErrEd25519TPM)
+		}
+	}
+	return nil, nil, err
+}
+
+// importedEarlier accepts the key at uri only if it is the source key.
+func (c *Ceremony) importedEarlier(ctx context.Context, st *state, uri, fp string) (signer.Signer, []string, error) {
+	s, err := c.Keys.Open(ctx, uri)
+	if err != nil {
+		return nil, nil, fmt.Errorf("a key exists at the signer URI but cannot be opened: %w", err)
+	}
+	desc := s.Describe()
+	if desc.Fingerprint != fp {
+		s.Close()
+		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(DirReceipts)}
+	}
+	return s, []string{"the key was already on the device (" + desc.Location + ")"}, nil
+}
+
+// importResults is what the device produced for Import.
+type importResults struct {
+	key        signer.Description
+	keyResumed []string
+	newToken   string
+}
+
+// planImport decides Import's files and receipt: the source's token, else
+// an earlier run's, else a new one (with a note to patch the workers).
+func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
+	src := o.Source
+	p := &plan{op: "import", resumed: r.keyResumed}
+	resuming := st.ca != nil && st.ca.Equal(src.Cert)
+	token := src.Token
+	if token == "" && resuming && st.token != "" {
+		token = st.token
+		p.resumed = append(p.resumed, st.dir.Path(FileToken)+" kept")
 	}
 	if token == "" {
-		if token, err = NewToken(c.Rand); err != nil {
-			return nil, err
-		}
-		out.Notes = append(out.Notes, "a new worker token was generated: existing workers keep theirs until their machine config is patched with "+d.Path(FileWorkerPatch)+" (import from --talos-secrets to keep the cluster's token)")
+		token = r.newToken
+		p.notes = append(p.notes, "a new worker token was generated: existing workers keep theirs until their machine config is patched with "+st.dir.Path(FileWorkerPatch)+" (import from --talos-secrets to keep the cluster's token)")
 	}
 	cluster := o.Cluster
 	if cluster == "" {
@@ -200,21 +235,18 @@ func (c *Ceremony) Import(ctx context.Context, d Dir, o ImportOptions) (*Outcome
 	if err != nil {
 		return nil, err
 	}
-	r := newReceipt("import", c.Version, c.now(), desc)
-	certReceipt(&r, src.Cert)
-	r.Files = fileNames(files)
-	rf, err := receiptFile(d, r, c.Rand)
-	if err != nil {
-		return nil, err
+	if resuming && !o.Force && st.matches(files) && st.receipt("import", r.key.Fingerprint, CertFingerprint(src.Cert)) != nil {
+		p.alreadyDone, p.notes = true, []string{destroySourceNote}
+		return p, nil
 	}
-	if err := WriteSet(d, append(files, rf), true); err != nil {
-		return nil, fmt.Errorf("import: %w", err)
+	p.files = files
+	p.receipt = newReceipt("import", "", time.Time{}, r.key)
+	certReceipt(&p.receipt, src.Cert)
+	if r.key.Extractable {
+		p.notes = append(p.notes, "WARNING: the backend reports the key as extractable ("+r.key.Backend+"); it is not protected by a device")
 	}
-	out.Receipt = r
-	out.Written = paths(d, append(files, rf))
-	if desc.Extractable {
-		out.Notes = append(out.Notes, "WARNING: the backend reports the key as extractable ("+desc.Backend+"); it is not protected by a device")
-	}
-	out.Notes = append(out.Notes, "the key is on the device and signs correctly: now destroy every copy of the source key file (e.g. shred -u), including backups and secrets.yaml copies")
-	return out, nil
+	p.notes = append(p.notes, destroySourceNote)
+	return p, nil
 }
+
+const destroySourceNote = "the key is on the device and signs correctly: now destroy every copy of the source key file (e.g. shred -u), including backups and secrets.yaml copies"

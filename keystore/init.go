@@ -2,11 +2,10 @@ package keystore
 
 import (
 	"context"
+	"crypto"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io/fs"
-	"strings"
 	"time"
 
 	"github.com/steward-trustd/steward-trustd/signer"
@@ -28,149 +27,143 @@ type InitOptions struct {
 	Force bool
 }
 
+// initOutputs are the files init writes besides its receipt.
+var initOutputs = []string{FileCACert, FileToken, FileWorkerPatch, FileKubernetesSecret}
+
 // Init creates the OS CA key on the device, self-signs the CA certificate
 // through it (the signature is verified) and writes os-ca.crt, token,
 // kubernetes-secret.yaml (no private key) and the worker machine-config
 // patch into d, with a receipt.
 //
-// A re-run after an interrupted Init resumes: the key is recognised by the
-// "init.key" receipt written right after its creation, an os-ca.crt of
-// that key is kept, as is its token; a complete earlier run is reported
-// as AlreadyDone and nothing is written.
+// An interrupted Init resumes when re-run with the same flags: the key is
+// recognised by its "init.key" receipt, or, if the run was killed between
+// creating the key and recording it, by the intent record written before
+// it was created; an os-ca.crt of that key is kept, as is its token; a
+// complete earlier run is reported as AlreadyDone and nothing is written.
+// A key the directory has no record of is refused (ForeignKeyError).
 func (c *Ceremony) Init(ctx context.Context, d Dir, o InitOptions) (*Outcome, error) {
-	if err := c.check(); err != nil {
+	if err := o.check(); err != nil {
 		return nil, err
 	}
-	if o.Cluster == "" {
-		return nil, errors.New("init: a cluster name is required")
-	}
-	if o.Validity < 0 {
-		return nil, errors.New("init: validity must be positive")
-	}
-	if o.Algorithm == "" {
-		o.Algorithm = signer.ECDSAP256
-	}
-	out := &Outcome{}
-	caData, err := readOptional(d, FileCACert)
+	st, unlock, err := c.begin(d)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("init: %w", err)
 	}
-	if !o.Force {
-		if err := c.initPrecheck(ctx, d, o.SignerURI); err != nil {
-			return nil, err
-		}
-	}
-	key, resumedKey, err := c.generateOrResume(ctx, d, o.SignerURI, o.Algorithm, "init.key")
+	defer unlock()
+	key, resumed, err := c.initKey(ctx, st, o)
 	if err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}
 	defer key.Close()
-	desc := key.Describe()
-	if resumedKey {
-		out.Resumed = append(out.Resumed, fmt.Sprintf("key %s was created by an earlier run (%s)", desc.Fingerprint, desc.Location))
-	}
-
-	var ca *x509.Certificate
-	if caData != nil {
-		existing, perr := ParseCertificate(caData)
-		switch {
-		case perr == nil && KeyMatchesCert(key.Public(), existing):
-			ca = existing
-			out.Resumed = append(out.Resumed, d.Path(FileCACert)+" was already issued for this key")
-		case !o.Force && !resumedKey:
-			return nil, fmt.Errorf("init: %w: %s holds another CA", ErrExists, d.Path(FileCACert))
-		case !o.Force:
-			return nil, fmt.Errorf("init: %w: %s holds a CA that is not the key's; remove it or pass --force", ErrExists, d.Path(FileCACert))
-		}
-	}
+	ca := reusableCA(st, key.Public())
 	if ca == nil {
-		ca, err = NewCACertificate(key, CAOptions{Cluster: o.Cluster, Organization: o.Organization, Validity: o.Validity}, c.now(), c.Rand)
-		if err != nil {
-			return nil, fmt.Errorf("init: self-sign the CA through the device: %w", err)
+		if ca, err = c.initCA(st, key, o); err != nil {
+			return nil, fmt.Errorf("init: %w", err)
 		}
 	}
-	resuming := resumedKey || len(out.Resumed) > 0
-
-	token := ""
-	if resuming {
-		t, err := readOptional(d, FileToken)
-		if err != nil {
-			return nil, err
-		}
-		if tt := strings.TrimSpace(string(t)); tt != "" {
-			token = tt
-			out.Resumed = append(out.Resumed, d.Path(FileToken)+" kept")
-		}
-	}
-	if token == "" {
-		if token, err = NewToken(c.Rand); err != nil {
-			return nil, err
-		}
-	}
-	files, err := clusterFiles(o.Cluster, ca, nil, token, nil)
+	token, err := NewToken(c.Rand)
 	if err != nil {
 		return nil, err
 	}
-	if resuming && !o.Force {
-		done, err := c.initComplete(d, files, desc.Fingerprint)
-		if err != nil {
-			return nil, err
-		}
-		if done {
-			out.AlreadyDone = true
-			out.Notes = append(out.Notes, "init had already completed for this key; nothing was written")
-			return out, nil
-		}
-	}
-	r := newReceipt("init", c.Version, c.now(), desc)
-	certReceipt(&r, ca)
-	r.Files = fileNames(files)
-	rf, err := receiptFile(d, r, c.Rand)
+	p, err := planInit(st, o, initResults{key: key.Describe(), keyResumed: resumed, ca: ca, newToken: token})
 	if err != nil {
-		return nil, err
-	}
-	// A resumed run rewrites the files it derived from the same CA and
-	// token; a fresh one refuses to replace anything without --force.
-	if !o.Force && !resuming {
-		if err := CheckAbsent(d, files); err != nil {
-			return nil, fmt.Errorf("init: %w (the key was created and is recorded; re-run with the same flags to resume)", err)
-		}
-	}
-	if err := WriteSet(d, append(files, rf), true); err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}
-	out.Receipt = r
-	out.Written = paths(d, append(files, rf))
-	out.Notes = append(out.Notes,
-		"apply "+d.Path(FileWorkerPatch)+" to every worker's machine config (it holds the token: keep it secret)",
-		"deploy "+d.Path(FileKubernetesSecret)+" and run steward-trustd with TRUSTD_SIGNER set to the signer URI")
-	return out, nil
+	return c.commit(st, p)
 }
 
-// initComplete reports whether every output of init is present with the
-// content it would have and an "init" receipt exists for the key.
-func (c *Ceremony) initComplete(d Dir, files []File, fp string) (bool, error) {
-	for _, f := range files {
-		if f.Remove {
-			ok, err := d.Exists(f.Name)
-			if err != nil || ok {
-				return false, err
-			}
-			continue
-		}
-		got, err := d.ReadFile(f.Name)
-		if errors.Is(err, fs.ErrNotExist) {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		if string(got) != string(f.Data) {
-			return false, nil
-		}
+func (o *InitOptions) check() error {
+	if o.Cluster == "" {
+		return errors.New("init: a cluster name is required")
 	}
-	rc, err := findReceipt(d, "init", fp)
-	return rc != nil, err
+	if o.Validity < 0 {
+		return errors.New("init: validity must be positive")
+	}
+	if o.Algorithm == "" {
+		o.Algorithm = signer.ECDSAP256
+	}
+	return nil
+}
+
+// initKey creates or resumes the key. A directory that already holds
+// init outputs is only resumed, unless --force: no key is created for a
+// directory init would then refuse to write.
+func (c *Ceremony) initKey(ctx context.Context, st *state, o InitOptions) (signer.Signer, []string, error) {
+	resumeOnly := !o.Force && st.has(initOutputs...)
+	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opInitKey, uri: o.SignerURI, alg: o.Algorithm, resumeOnly: resumeOnly})
+	if errors.Is(err, errNothingToResume) {
+		return nil, nil, fmt.Errorf("%w: %s holds the files of another init (no key at the signer URI was created for them); use another --out, or --force", ErrExists, st.dir.Path(""))
+	}
+	return key, resumed, err
+}
+
+// reusableCA returns os-ca.crt if it is the CA of pub (an earlier run
+// issued it).
+func reusableCA(st *state, pub crypto.PublicKey) *x509.Certificate {
+	if st.ca != nil && KeyMatchesCert(pub, st.ca) {
+		return st.ca
+	}
+	return nil
+}
+
+// initCA self-signs a new CA through the device, unless os-ca.crt holds
+// another CA and --force was not given.
+func (c *Ceremony) initCA(st *state, key signer.Signer, o InitOptions) (*x509.Certificate, error) {
+	if !o.Force && (st.ca != nil || st.caErr != nil) {
+		return nil, fmt.Errorf("%w: %s holds a CA that is not the key's; remove it or pass --force", ErrExists, st.dir.Path(FileCACert))
+	}
+	ca, err := NewCACertificate(key, CAOptions{Cluster: o.Cluster, Organization: o.Organization, Validity: o.Validity}, c.now(), c.Rand)
+	if err != nil {
+		return nil, fmt.Errorf("self-sign the CA through the device: %w", err)
+	}
+	c.step("init CA signed")
+	return ca, nil
+}
+
+// initResults is what the device produced for Init.
+type initResults struct {
+	key        signer.Description
+	keyResumed []string
+	// ca is the CA of the key (issued now or by an earlier run).
+	ca *x509.Certificate
+	// newToken is used unless an earlier run's token is kept.
+	newToken string
+}
+
+// planInit decides Init's files and receipt from the state alone: an
+// earlier run's token is kept when its CA is, a complete earlier run is
+// already done, and a fresh run refuses to replace files without --force.
+func planInit(st *state, o InitOptions, r initResults) (*plan, error) {
+	p := &plan{op: "init", resumed: r.keyResumed}
+	keptCA := st.ca != nil && st.ca.Equal(r.ca)
+	resuming := len(r.keyResumed) > 0 || keptCA
+	if keptCA {
+		p.resumed = append(p.resumed, st.dir.Path(FileCACert)+" was already issued for this key")
+	}
+	token := r.newToken
+	if resuming && st.token != "" {
+		token = st.token
+		p.resumed = append(p.resumed, st.dir.Path(FileToken)+" kept")
+	}
+	files, err := clusterFiles(o.Cluster, r.ca, nil, token, nil)
+	if err != nil {
+		return nil, err
+	}
+	if resuming && !o.Force && st.matches(files) && st.receipt("init", r.key.Fingerprint, CertFingerprint(r.ca)) != nil {
+		p.alreadyDone = true
+		return p, nil
+	}
+	if present := st.present(files); !o.Force && !resuming && len(present) > 0 {
+		return nil, fmt.Errorf("%w: %v", ErrExists, present)
+	}
+	p.files = files
+	p.receipt = newReceipt("init", "", time.Time{}, r.key)
+	certReceipt(&p.receipt, r.ca)
+	p.notes = []string{
+		"apply " + st.dir.Path(FileWorkerPatch) + " to every worker's machine config (it holds the token: keep it secret)",
+		"deploy " + st.dir.Path(FileKubernetesSecret) + " and run steward-trustd with TRUSTD_SIGNER set to the signer URI",
+	}
+	return p, nil
 }
 
 func fileNames(files []File) []string {
@@ -182,34 +175,4 @@ func fileNames(files []File) []string {
 		}
 	}
 	return out
-}
-
-// initOutputs are the files init writes besides its receipt.
-var initOutputs = []string{FileCACert, FileToken, FileWorkerPatch, FileKubernetesSecret}
-
-// initPrecheck refuses, before any key is created, a directory that
-// already holds init outputs unless they belong to an earlier run of init
-// for the key at uri (which is then resumed).
-func (c *Ceremony) initPrecheck(ctx context.Context, d Dir, uri string) error {
-	var present []File
-	for _, n := range initOutputs {
-		present = append(present, File{Name: n})
-	}
-	absentErr := CheckAbsent(d, present)
-	if absentErr == nil {
-		return nil
-	}
-	s, err := c.Keys.Open(ctx, uri)
-	if err != nil {
-		return fmt.Errorf("init: %w", absentErr)
-	}
-	defer s.Close()
-	rc, err := findReceipt(d, "init.key", s.Describe().Fingerprint)
-	if err != nil {
-		return err
-	}
-	if rc == nil {
-		return fmt.Errorf("init: %w", absentErr)
-	}
-	return nil
 }

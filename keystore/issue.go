@@ -38,14 +38,22 @@ func (c *Ceremony) OpenCA(ctx context.Context, uri string, ca *x509.Certificate)
 	if !KeyMatchesCert(s.Public(), ca) {
 		fp, _ := signer.Fingerprint(ca.PublicKey)
 		s.Close()
-		return nil, fmt.Errorf("the key at the signer URI (fingerprint %s) is not the key of CA %q (fingerprint %s)", s.Describe().Fingerprint, ca.Subject, fp)
+		return nil, fmt.Errorf("%w: the key at the signer URI (fingerprint %s) is not the key of CA %q (fingerprint %s)", ErrKeyMismatch, s.Describe().Fingerprint, ca.Subject, fp)
 	}
 	return s, nil
 }
 
-// writeWithReceipt writes the outputs and a receipt as one unit.
+// writeWithReceipt commits an issuing operation: its outputs, then its
+// receipt, as one unit (WritePlaced). It reads the receipts directory
+// once, under its lock, for the receipt's sequence number.
 func (c *Ceremony) writeWithReceipt(receipts Dir, r Receipt, outputs []Placed) error {
-	rf, err := receiptFile(receipts, r, c.Rand)
+	st, unlock, err := c.begin(receipts)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	r.Time, r.ToolVersion = c.now().UTC(), c.Version
+	rf, err := st.receiptFile(r, c.Rand)
 	if err != nil {
 		return err
 	}
@@ -278,24 +286,20 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 // (one holding os-ca.crt of ca and a token) with the files in extra
 // replaced; it returns nil for any other directory.
 func refreshedSecret(d Dir, ca *x509.Certificate, extra map[string][]byte) (*File, error) {
-	caData, err := readOptional(d, FileCACert)
-	if err != nil || caData == nil {
-		return nil, err
-	}
-	cur, err := ParseCertificate(caData)
-	if err != nil || !cur.Equal(ca) {
-		return nil, nil //nolint:nilerr // not this CA's ceremony directory
-	}
-	tok, err := readOptional(d, FileToken)
-	if err != nil || len(tok) == 0 {
-		return nil, err
-	}
-	content := map[string][]byte{FileCACert: caData, FileToken: tok}
-	acc, err := readOptional(d, FileAcceptedCAs)
+	st, err := readState(d)
 	if err != nil {
 		return nil, err
 	}
-	if acc != nil {
+	return planSecret(st, ca, extra)
+}
+
+// planSecret is refreshedSecret on a state read already.
+func planSecret(st *state, ca *x509.Certificate, extra map[string][]byte) (*File, error) {
+	if st.ca == nil || !st.ca.Equal(ca) || st.token == "" {
+		return nil, nil
+	}
+	content := map[string][]byte{FileCACert: st.files[FileCACert], FileToken: st.files[FileToken]}
+	if acc, ok := st.files[FileAcceptedCAs]; ok {
 		content[FileAcceptedCAs] = acc
 	}
 	for n, b := range extra {

@@ -63,15 +63,11 @@ func newReceipt(op, version string, now time.Time, d signer.Description) Receipt
 	}
 }
 
-// receiptFile renders r as a File under DirReceipts of d. The name starts
+// receiptFile renders r as a File under DirReceipts. The name starts
 // with a sequence number (so receipts list in the order they were written,
 // whatever the clock says) and carries random bits so that two receipts
 // never collide.
-func receiptFile(d Dir, r Receipt, rnd io.Reader) (File, error) {
-	existing, err := d.List(DirReceipts)
-	if err != nil {
-		return File{}, fmt.Errorf("list receipts: %w", err)
-	}
+func (st *state) receiptFile(r Receipt, rnd io.Reader) (File, error) {
 	data, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return File{}, fmt.Errorf("marshal receipt: %w", err)
@@ -80,8 +76,14 @@ func receiptFile(d Dir, r Receipt, rnd io.Reader) (File, error) {
 	if _, err := io.ReadFull(rnd, suffix); err != nil {
 		return File{}, fmt.Errorf("receipt name: %w", err)
 	}
-	name := fmt.Sprintf("%06d-%s-%s-%s.json", len(existing)+1, r.Time.UTC().Format("20060102T150405.000000000Z"), r.Operation, hex.EncodeToString(suffix))
+	name := fmt.Sprintf("%06d-%s-%s-%s.json", st.receiptNames+1, r.Time.UTC().Format("20060102T150405.000000000Z"), r.Operation, hex.EncodeToString(suffix))
 	return File{Name: path.Join(DirReceipts, name), Data: append(data, '\n'), Mode: 0o644}, nil
+}
+
+// add notes a receipt just written.
+func (st *state) add(r Receipt) {
+	st.receipts = append(st.receipts, r)
+	st.receiptNames++
 }
 
 // ReadReceipts returns the receipts in d, oldest first. A receipt that
@@ -110,19 +112,4 @@ func ReadReceipts(d Dir) ([]Receipt, error) {
 		out = append(out, r)
 	}
 	return out, errors.Join(errs...)
-}
-
-// findReceipt returns the newest receipt of operation op for the key
-// fingerprint fp.
-func findReceipt(d Dir, op, fp string) (*Receipt, error) {
-	rs, err := ReadReceipts(d)
-	if err != nil {
-		return nil, err
-	}
-	for i := len(rs) - 1; i >= 0; i-- {
-		if rs[i].Operation == op && rs[i].KeyFingerprint == fp {
-			return &rs[i], nil
-		}
-	}
-	return nil, nil
 }

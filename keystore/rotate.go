@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/steward-trustd/steward-trustd/signer"
@@ -29,90 +28,110 @@ type RotateOptions struct {
 // daemon returns (os-ca.crt + accepted-cas.crt) now also lets in talosctl
 // certificates signed by the new CA. The worker patch gains
 // machine.acceptedCAs with the new CA. Finish with RotateFinish.
+//
+// An interrupted Rotate resumes as Init does (rotate.key receipt or
+// intent record); a rotation in progress continues only with its key.
 func (c *Ceremony) Rotate(ctx context.Context, d Dir, o RotateOptions) (*Outcome, error) {
-	if err := c.check(); err != nil {
-		return nil, err
-	}
 	if o.Algorithm == "" {
 		o.Algorithm = signer.ECDSAP256
 	}
-	cur, token, err := currentCA(d)
+	st, unlock, err := c.begin(d)
 	if err != nil {
 		return nil, fmt.Errorf("rotate: %w", err)
 	}
-	nextData, err := readOptional(d, FileNextCACert)
+	defer unlock()
+	cur, _, err := st.currentCA()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rotate: %w", err)
 	}
-	out := &Outcome{}
-	var next *x509.Certificate
-	if nextData != nil {
-		if next, err = ParseCertificate(nextData); err != nil {
-			return nil, fmt.Errorf("rotate: %s: %w", d.Path(FileNextCACert), err)
-		}
-		// Only the key of that rotation may continue it.
-		s, err := c.Keys.Open(ctx, o.NewSignerURI)
-		if err != nil || !KeyMatchesCert(s.Public(), next) {
-			if s != nil {
-				s.Close()
-			}
-			return nil, fmt.Errorf("rotate: a rotation to CA %s is already in progress (%s) with another key; finish it with `rotate --finish` first", CertFingerprint(next), d.Path(FileNextCACert))
-		}
-		s.Close()
-	}
-	key, resumedKey, err := c.generateOrResume(ctx, d, o.NewSignerURI, o.Algorithm, "rotate.key")
+	key, resumed, err := c.rotateKey(ctx, st, o, cur)
 	if err != nil {
 		return nil, fmt.Errorf("rotate: %w", err)
 	}
 	defer key.Close()
-	if resumedKey {
-		out.Resumed = append(out.Resumed, "the new key was created by an earlier run")
-	}
+	next := st.next
 	if next == nil {
-		org := "talos"
-		if len(cur.Subject.Organization) > 0 {
-			org = cur.Subject.Organization[0]
+		if next, err = c.rotateCA(key, cur, o); err != nil {
+			return nil, fmt.Errorf("rotate: %w", err)
 		}
-		next, err = NewCACertificate(key, CAOptions{Cluster: cur.Subject.CommonName, Organization: org, Validity: o.Validity}, c.now(), c.Rand)
-		if err != nil {
-			return nil, fmt.Errorf("rotate: self-sign the new CA through the device: %w", err)
-		}
-	} else {
-		out.Resumed = append(out.Resumed, d.Path(FileNextCACert)+" was already issued")
 	}
-	acc, err := readAccepted(d)
+	p, err := planRotate(st, key.Describe(), resumed, next)
+	if err != nil {
+		return nil, fmt.Errorf("rotate: %w", err)
+	}
+	return c.commit(st, p)
+}
+
+// rotateKey creates or resumes the new key. With os-ca.next.crt present
+// only that rotation's key may continue it.
+func (c *Ceremony) rotateKey(ctx context.Context, st *state, o RotateOptions, cur *x509.Certificate) (signer.Signer, []string, error) {
+	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opRotateKey, uri: o.NewSignerURI, alg: o.Algorithm, resumeOnly: st.next != nil})
+	inProgress := func() error {
+		return fmt.Errorf("a rotation to CA %s is already in progress (%s) with another key; re-run with its --new-signer, or finish it with `rotate --finish` first", CertFingerprint(st.next), st.dir.Path(FileNextCACert))
+	}
+	switch {
+	case errors.Is(err, errNothingToResume):
+		return nil, nil, inProgress()
+	case err != nil:
+		return nil, nil, err
+	case st.next != nil && !KeyMatchesCert(key.Public(), st.next):
+		key.Close()
+		return nil, nil, inProgress()
+	case KeyMatchesCert(key.Public(), cur):
+		key.Close()
+		return nil, nil, fmt.Errorf("%w: the key at --new-signer is the current CA's key; a rotation needs a new key location", signer.ErrKeyExists)
+	}
+	return key, resumed, nil
+}
+
+// rotateCA self-signs the new CA, with the current CA's subject.
+func (c *Ceremony) rotateCA(key signer.Signer, cur *x509.Certificate, o RotateOptions) (*x509.Certificate, error) {
+	org := "talos"
+	if len(cur.Subject.Organization) > 0 {
+		org = cur.Subject.Organization[0]
+	}
+	next, err := NewCACertificate(key, CAOptions{Cluster: cur.Subject.CommonName, Organization: org, Validity: o.Validity}, c.now(), c.Rand)
+	if err != nil {
+		return nil, fmt.Errorf("self-sign the new CA through the device: %w", err)
+	}
+	c.step("rotate CA signed")
+	return next, nil
+}
+
+// planRotate decides the files of a rotation start: os-ca.next.crt first
+// (a re-run recognises the rotation by it), then the cluster files with
+// the new CA accepted.
+func planRotate(st *state, key signer.Description, resumed []string, next *x509.Certificate) (*plan, error) {
+	cur, token, err := st.currentCA()
 	if err != nil {
 		return nil, err
 	}
-	accepted := dedupe(append(without(acc, cur), next))
-	server, err := serverFiles(d)
-	if err != nil {
-		return nil, err
+	p := &plan{op: "rotate", resumed: resumed}
+	if st.next != nil {
+		p.resumed = append(p.resumed, st.dir.Path(FileNextCACert)+" was already issued")
 	}
-	files, err := clusterFiles(secretCluster(cur), cur, accepted, token, server)
+	accepted := dedupe(append(without(st.accepted, cur), next))
+	files, err := clusterFiles(secretCluster(cur), cur, accepted, token, st.serverFiles())
 	if err != nil {
 		return nil, err
 	}
 	files = append([]File{{Name: FileNextCACert, Data: EncodeCertificates(next), Mode: 0o644}}, files...)
-	r := newReceipt("rotate", c.Version, c.now(), key.Describe())
-	certReceipt(&r, next)
-	r.Files = fileNames(files)
-	r.Details = map[string]string{"currentCAFingerprint": CertFingerprint(cur)}
-	rf, err := receiptFile(d, r, c.Rand)
-	if err != nil {
-		return nil, err
+	if st.matches(files) && st.receipt("rotate", key.Fingerprint, CertFingerprint(next)) != nil {
+		p.alreadyDone = true
+		return p, nil
 	}
-	if err := WriteSet(d, append(files, rf), true); err != nil {
-		return nil, fmt.Errorf("rotate: %w", err)
+	p.files = files
+	p.receipt = newReceipt("rotate", "", time.Time{}, key)
+	certReceipt(&p.receipt, next)
+	p.receipt.Details = map[string]string{"currentCAFingerprint": CertFingerprint(cur)}
+	d := st.dir
+	p.notes = []string{
+		"1. deploy the updated " + d.Path(FileKubernetesSecret) + " (or copy " + FileAcceptedCAs + " into the daemon's cert dir) and restart steward-trustd: it still signs with the old key",
+		"2. apply " + d.Path(FileWorkerPatch) + " to every worker (adds machine.acceptedCAs); workers pick up the new client-CA bundle at their next certificate renewal (12 h, or on reboot)",
+		"3. issue new talosconfigs with --signer <new key URI> --ca " + d.Path(FileNextCACert) + "; they trust both CAs",
+		"4. when every worker and user has moved, run `rotate --finish`",
 	}
-	out.Receipt = r
-	out.Written = paths(d, append(files, rf))
-	out.Notes = append(out.Notes,
-		"1. deploy the updated "+d.Path(FileKubernetesSecret)+" (or copy "+FileAcceptedCAs+" into the daemon's cert dir) and restart steward-trustd: it still signs with the old key",
-		"2. apply "+d.Path(FileWorkerPatch)+" to every worker (adds machine.acceptedCAs); workers pick up the new client-CA bundle at their next certificate renewal (12 h, or on reboot)",
-		"3. issue new talosconfigs with --signer <new key URI> --ca "+d.Path(FileNextCACert)+"; they trust both CAs",
-		"4. when every worker and user has moved, run `rotate --finish`")
-	return out, nil
+	return p, nil
 }
 
 // RotateFinishOptions configures RotateFinish.
@@ -127,104 +146,154 @@ type RotateFinishOptions struct {
 // CA leaves accepted-cas.crt (and with it the `ca` bundle, so old-CA
 // talosctl certificates stop working), server.crt is re-issued by the new
 // CA for the same names if present, and the worker patch drops the old CA.
+// os-ca.next.crt is removed last, after the receipt: a re-run after a
+// crash finds it and completes the finish. Without a rotation in progress
+// the error wraps ErrNoRotation.
 func (c *Ceremony) RotateFinish(ctx context.Context, d Dir, o RotateFinishOptions) (*Outcome, error) {
-	if err := c.check(); err != nil {
-		return nil, err
-	}
-	old, token, err := currentCA(d)
+	st, unlock, err := c.begin(d)
 	if err != nil {
 		return nil, fmt.Errorf("rotate --finish: %w", err)
 	}
-	nextData, err := readOptional(d, FileNextCACert)
+	defer unlock()
+	f, err := finishing(st)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rotate --finish: %w", err)
 	}
-	if nextData == nil {
-		return nil, fmt.Errorf("rotate --finish: no rotation in progress (%s is missing)", d.Path(FileNextCACert))
-	}
-	next, err := ParseCertificate(nextData)
-	if err != nil {
-		return nil, fmt.Errorf("rotate --finish: %s: %w", d.Path(FileNextCACert), err)
-	}
-	key, err := c.OpenCA(ctx, o.NewSignerURI, next)
+	key, err := c.OpenCA(ctx, o.NewSignerURI, f.next)
 	if err != nil {
 		return nil, fmt.Errorf("rotate --finish: %w", err)
 	}
 	defer key.Close()
-	if err := VerifyDeviceSignature(key, next.PublicKey, c.Rand); err != nil {
+	if err := VerifyDeviceSignature(key, f.next.PublicKey, c.Rand); err != nil {
 		return nil, fmt.Errorf("rotate --finish: %w", err)
 	}
-	acc, err := readAccepted(d)
+	server, err := c.finishServer(st, f, key, o.ServerValidity)
+	if err != nil {
+		return nil, fmt.Errorf("rotate --finish: %w", err)
+	}
+	p, err := planFinish(st, f, key.Describe(), server)
+	if err != nil {
+		return nil, fmt.Errorf("rotate --finish: %w", err)
+	}
+	return c.commit(st, p)
+}
+
+// finish is where a rotation's finish stands.
+type finish struct {
+	// next is the new CA.
+	next *x509.Certificate
+	// retired is the old CA's fingerprint ("" if unknown).
+	retired string
+	// switched: os-ca.crt is already the new CA (an interrupted finish).
+	switched bool
+	// done: a finish completed (no os-ca.next.crt, a receipt for the CA).
+	done bool
+}
+
+// finishing reads where a finish stands from the state.
+func finishing(st *state) (*finish, error) {
+	if st.next == nil {
+		if st.ca != nil && st.receipt("rotate.finish", "", CertFingerprint(st.ca)) != nil {
+			return &finish{next: st.ca, switched: true, done: true}, nil
+		}
+		return nil, fmt.Errorf("%w (%s is missing)", ErrNoRotation, st.dir.Path(FileNextCACert))
+	}
+	cur, _, err := st.currentCA()
 	if err != nil {
 		return nil, err
 	}
-	accepted := without(acc, old, next)
-	server, err := serverFiles(d)
+	f := &finish{next: st.next, retired: CertFingerprint(cur), switched: cur.Equal(st.next)}
+	if f.switched {
+		f.retired = ""
+		if r := st.receipt("rotate", "", CertFingerprint(st.next)); r != nil {
+			f.retired = r.Details["currentCAFingerprint"]
+		}
+	}
+	return f, nil
+}
+
+// finishServer returns server.crt and server.key issued by the new CA:
+// kept if an interrupted finish re-issued them already, re-issued through
+// the device for the same names otherwise; nil without a serving
+// certificate.
+func (c *Ceremony) finishServer(st *state, f *finish, key signer.Signer, validity time.Duration) (map[string][]byte, error) {
+	server := st.serverFiles()
+	if server == nil || f.done {
+		return server, nil
+	}
+	prev, err := ParseCertificate(server[FileServerCert])
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", st.dir.Path(FileServerCert), err)
+	}
+	if prev.CheckSignatureFrom(f.next) == nil {
+		return server, nil
+	}
+	hosts := append([]string{}, prev.DNSNames...)
+	for _, ip := range prev.IPAddresses {
+		hosts = append(hosts, ip.String())
+	}
+	crt, keyPEM, err := issueServing(f.next, key, hosts, validity, c.now(), c.Rand)
+	if err != nil {
+		return nil, fmt.Errorf("re-issue %s: %w", FileServerCert, err)
+	}
+	c.step("rotate --finish server certificate issued")
+	return map[string][]byte{FileServerCert: EncodeCertificates(crt), FileServerKey: keyPEM}, nil
+}
+
+// planFinish decides the files of a finish: the serving certificate, the
+// cluster files of the new CA, the receipt, then the removal of
+// os-ca.next.crt.
+func planFinish(st *state, f *finish, key signer.Description, server map[string][]byte) (*plan, error) {
+	p := &plan{op: "rotate --finish"}
+	if f.done {
+		p.alreadyDone = true
+		return p, nil
+	}
+	_, token, err := st.currentCA()
 	if err != nil {
 		return nil, err
 	}
-	var serverOut []File
+	var files []File
 	if server != nil {
-		prev, err := ParseCertificate(server[FileServerCert])
-		if err != nil {
-			return nil, fmt.Errorf("rotate --finish: %s: %w", d.Path(FileServerCert), err)
-		}
-		hosts := append([]string{}, prev.DNSNames...)
-		for _, ip := range prev.IPAddresses {
-			hosts = append(hosts, ip.String())
-		}
-		crt, keyPEM, err := issueServing(next, key, hosts, o.ServerValidity, c.now(), c.Rand)
-		if err != nil {
-			return nil, fmt.Errorf("rotate --finish: re-issue %s: %w", FileServerCert, err)
-		}
-		server = map[string][]byte{FileServerCert: EncodeCertificates(crt), FileServerKey: keyPEM}
-		serverOut = []File{
-			{Name: FileServerKey, Data: keyPEM, Mode: 0o600},
+		files = []File{
+			{Name: FileServerKey, Data: server[FileServerKey], Mode: 0o600},
 			{Name: FileServerCert, Data: server[FileServerCert], Mode: 0o600},
 		}
 	}
-	files, err := clusterFiles(secretCluster(old), next, accepted, token, server)
+	cluster, err := clusterFiles(secretCluster(f.next), f.next, without(st.accepted, st.ca, f.next), token, server)
 	if err != nil {
 		return nil, err
 	}
-	files = append(append(serverOut, files...), File{Name: FileNextCACert, Remove: true})
-	r := newReceipt("rotate.finish", c.Version, c.now(), key.Describe())
-	certReceipt(&r, next)
-	r.Files = fileNames(files)
-	r.Details = map[string]string{"retiredCAFingerprint": CertFingerprint(old)}
-	rf, err := receiptFile(d, r, c.Rand)
-	if err != nil {
-		return nil, err
+	files = append(append(files, cluster...), File{Name: FileNextCACert, Remove: true})
+	if f.switched && st.receipt("rotate.finish", key.Fingerprint, CertFingerprint(f.next)) != nil {
+		// The earlier run was killed after its receipt: only the
+		// removals are left.
+		p.resumed = []string{"the finish was recorded by an earlier run; the files it removes are removed now"}
+		files = removals(files)
+		p.recorded = true
 	}
-	if err := WriteSet(d, append(files, rf), true); err != nil {
-		return nil, fmt.Errorf("rotate --finish: %w", err)
-	}
-	return &Outcome{Receipt: r, Written: paths(d, append(files, rf)), Notes: []string{
+	p.files = files
+	p.receipt = newReceipt("rotate.finish", "", time.Time{}, key)
+	certReceipt(&p.receipt, f.next)
+	p.receipt.Details = map[string]string{"retiredCAFingerprint": f.retired}
+	d := st.dir
+	p.notes = []string{
 		"restart steward-trustd with TRUSTD_SIGNER set to the new key URI and the updated " + d.Path(FileKubernetesSecret),
 		"apply " + d.Path(FileWorkerPatch) + " to every worker (machine.ca is now the new CA)",
 		"talosconfigs signed by the old CA stop working once workers renew their certificates; the old key can then be destroyed on the device",
-	}}, nil
+	}
+	return p, nil
 }
 
-// currentCA reads os-ca.crt and token from d.
-func currentCA(d Dir) (*x509.Certificate, string, error) {
-	data, err := d.ReadFile(FileCACert)
-	if err != nil {
-		return nil, "", fmt.Errorf("read the current CA: %w (run init or import first)", err)
+// removals returns the removals of files.
+func removals(files []File) []File {
+	var out []File
+	for _, f := range files {
+		if f.Remove {
+			out = append(out, f)
+		}
 	}
-	ca, err := ParseCertificate(data)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", d.Path(FileCACert), err)
-	}
-	tok, err := d.ReadFile(FileToken)
-	if err != nil {
-		return nil, "", fmt.Errorf("read the worker token: %w", err)
-	}
-	token := strings.TrimSpace(string(tok))
-	if token == "" {
-		return nil, "", errors.New(d.Path(FileToken) + " is empty")
-	}
-	return ca, token, nil
+	return out
 }
 
 func secretCluster(ca *x509.Certificate) string {

@@ -1,6 +1,8 @@
 // Package atomicfile writes files so that a reader sees either the old
-// content or the whole new content, never a torn file, and so that a key is
-// never replaced unless the caller asked for it.
+// content or the whole new content, never a torn file, so that a key is
+// never replaced unless the caller asked for it, and so that a process
+// killed in the middle of a write leaves no named temporary copy behind
+// (a stray temporary copy of a private key is a key nobody accounts for).
 package atomicfile
 
 import (
@@ -9,50 +11,147 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
+
+	"github.com/steward-trustd/steward-trustd/internal/crashpoint"
 )
 
 // ErrExists reports that the target exists and overwrite was not asked for.
 var ErrExists = fs.ErrExist
 
-// Write writes data to path with mode perm through a temporary file in the
-// same directory, fsynced before it is moved into place. With overwrite
-// false the move is a hard link, which fails if path exists, so two writers
-// cannot both win and an existing file is never replaced.
+// tempInfix is the part of a temporary file's name after ".<base>"; only
+// names of the form ".<base>.tmp-<random>" are this package's.
+const tempInfix = ".tmp-"
+
+// Write writes data to path with mode perm, fsynced before it appears
+// under path.
+//
+// Where the file system supports it (Linux, O_TMPFILE: ext4, xfs, btrfs,
+// tmpfs) the data is written to an unnamed file that only gets a name by
+// linkat(2): a crash before that leaves nothing, a crash after leaves the
+// complete file. With overwrite false that link is the only step, and it
+// fails if path exists, so two writers cannot both win and an existing
+// file is never replaced. With overwrite true the file is linked under a
+// temporary name ".<base>.tmp-<random>" and renamed over path.
+//
+// Elsewhere the data goes through such a named temporary file from the
+// start; a crash can then leave it behind, and RemoveStale removes it.
 func Write(path string, data []byte, perm os.FileMode, overwrite bool) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmpName := tmp.Name()
-	defer os.Remove(tmpName) // no-op once renamed; removes the link source otherwise
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if overwrite {
-		err = os.Rename(tmpName, path)
-	} else {
-		err = os.Link(tmpName, path)
-	}
-	if err != nil {
+	if err := write(path, data, perm, overwrite); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("write %s: %w (refusing to overwrite)", path, ErrExists)
 		}
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	return syncDir(dir)
+	return syncDir(filepath.Dir(path))
+}
+
+func write(path string, data []byte, perm os.FileMode, overwrite bool) error {
+	f, err := openUnnamed(filepath.Dir(path), perm)
+	if err != nil {
+		return writeNamed(path, data, perm, overwrite)
+	}
+	defer f.Close()
+	if err := fill(f, data, perm); err != nil {
+		return err
+	}
+	crashpoint.At("atomicfile.filled")
+	if !overwrite {
+		return linkUnnamed(f, path)
+	}
+	tmp, err := linkUnnamedTemp(f, path)
+	if err != nil {
+		return err
+	}
+	crashpoint.At("atomicfile.linked")
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// writeNamed is Write through a named temporary file.
+func writeNamed(path string, data []byte, perm os.FileMode, overwrite bool) error {
+	f, err := os.CreateTemp(filepath.Dir(path), tempPattern(path))
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // no-op once renamed; removes the link source otherwise
+	err = fill(f, data, perm)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	crashpoint.At("atomicfile.filled")
+	if overwrite {
+		return os.Rename(tmp, path)
+	}
+	return os.Link(tmp, path)
+}
+
+// fill sets the mode, writes data and fsyncs it.
+func fill(f *os.File, data []byte, perm os.FileMode) error {
+	if err := f.Chmod(perm); err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+func tempPattern(path string) string {
+	return "." + filepath.Base(path) + tempInfix + "*"
+}
+
+// RemoveStaleTemps removes the temporary files killed Writes left in dir
+// (".<name>.tmp-<digits or hex>", this package's pattern and no other)
+// and returns their paths. Call it only while no other process writes
+// into dir: the ceremony holds its directory lock.
+func RemoveStaleTemps(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	var removed []string
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !isTempName(e.Name()) {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return removed, fmt.Errorf("remove stale %s: %w", p, err)
+		}
+		removed = append(removed, p)
+	}
+	return removed, nil
+}
+
+// isTempName reports whether name is ".<base>.tmp-<suffix>" with a
+// non-empty base and a suffix of hex digits (os.CreateTemp uses decimal
+// digits, linkUnnamedTemp hex).
+func isTempName(name string) bool {
+	rest, ok := strings.CutPrefix(name, ".")
+	if !ok {
+		return false
+	}
+	i := strings.LastIndex(rest, tempInfix)
+	if i <= 0 || i+len(tempInfix) == len(rest) {
+		return false
+	}
+	for _, c := range rest[i+len(tempInfix):] {
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return false
+		}
+	}
+	return true
 }
 
 func syncDir(dir string) error {

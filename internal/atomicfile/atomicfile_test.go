@@ -41,3 +41,34 @@ func TestWrite(t *testing.T) {
 		t.Fatal("write into a missing directory succeeded")
 	}
 }
+
+// TestNoNamedTemporary: a write that is interrupted before its file is
+// linked (simulated by an unnamed file that is never linked) leaves no
+// name behind, and RemoveStaleTemps removes exactly this package's
+// temporary names.
+func TestNoNamedTemporary(t *testing.T) {
+	dir := t.TempDir()
+	f, err := openUnnamed(dir, 0o600)
+	if err != nil {
+		t.Skipf("no O_TMPFILE here: %v", err)
+	}
+	if _, err := f.Write([]byte("secret key")); err != nil {
+		t.Fatal(err)
+	}
+	f.Close() // as if the process died before linkat
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("an unlinked write left %v", ents)
+	}
+	for _, n := range []string{".os-ca.key.tmp-123456", ".token.tmp-0a1b2c3d4e5f6071", "keep", ".keep.tmp-", ".x.tmp-zz", "os-ca.key.tmp-1"} {
+		if err := os.WriteFile(filepath.Join(dir, n), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := RemoveStaleTemps(dir)
+	if err != nil || len(removed) != 2 {
+		t.Fatalf("removed %v, %v; want the two temporary files", removed, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 4 {
+		t.Errorf("left %v, want the 4 other names", ents)
+	}
+}

@@ -265,7 +265,7 @@ func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm
 		return nil, err
 	}
 	var blob *keyBlob
-	err = b.withConn(ctx, u, func(t transport.TPM) error {
+	err = b.withConn(ctx, u, b.reclaiming(u, func(t transport.TPM) error {
 		digest, policy, parent, err := prepareKey(t, u, curve)
 		if err != nil {
 			return err
@@ -280,11 +280,28 @@ func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm
 		}
 		blob = &keyBlob{public: rsp.OutPublic, private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest}
 		return b.persist(t, u, parent, blob)
-	})
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("tpm: generate %s key: %w", alg, err)
 	}
 	return b.finish(ctx, u, blob, "generated")
+}
+
+// reclaiming wraps a key-creating op: if the TPM is out of object or
+// session memory because clients died holding handles (a ceremony killed
+// on swtpm or /dev/tpm0, which have no resource manager), the handles are
+// reclaimed as the signer's key load does (reclaimStale) and op runs once
+// more. op leaves nothing loaded when it fails (the SRK and the new key
+// are flushed, a blob is written last), so the second attempt starts clean
+// and never makes a second key.
+func (b *Backend) reclaiming(u KeyURI, op func(t transport.TPM) error) func(t transport.TPM) error {
+	return func(t transport.TPM) error {
+		err := op(t)
+		if err != nil && reclaimStale(t, u.Device, err, b.logger()) {
+			err = op(t)
+		}
+		return err
+	}
 }
 
 // prepareKey does what creating and importing a key share: check that
@@ -349,7 +366,7 @@ func (b *Backend) Import(ctx context.Context, uri string, key crypto.Signer) (si
 		r = rand.Reader
 	}
 	var blob *keyBlob
-	err = b.withConn(ctx, u, func(t transport.TPM) error {
+	err = b.withConn(ctx, u, b.reclaiming(u, func(t transport.TPM) error {
 		digest, policy, parent, err := prepareKey(t, u, curve)
 		if err != nil {
 			return err
@@ -383,7 +400,7 @@ func (b *Backend) Import(ctx context.Context, uri string, key crypto.Signer) (si
 		}
 		blob = &keyBlob{public: tpm2.New2B(pub), private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest}
 		return b.persist(t, u, parent, blob)
-	})
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("tpm: import key: %w", err)
 	}

@@ -46,7 +46,24 @@ func runMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binDir = dir
+	if err := buildCrashBinary(filepath.Join("..", ".."), filepath.Join(dir, "crash")); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	return m.Run()
+}
+
+// buildCrashBinary builds steward-trustd-ceremony with the
+// steward_crashpoints tag into dir: the only build that honours
+// crashpoint.EnvKillAt.
+func buildCrashBinary(root, dir string) error {
+	build := exec.Command("go", "build", "-tags", "steward_crashpoints", "-o", dir+string(filepath.Separator), "./cmd/steward-trustd-ceremony")
+	build.Dir = root
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("build the crash-point ceremony binary: %w", err)
+	}
+	return nil
 }
 
 // result is one ceremony run.

@@ -1,0 +1,202 @@
+package keystore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+// Receipt operations of the key-creating steps.
+const (
+	opInitKey   = "init.key"
+	opRotateKey = "rotate.key"
+)
+
+// intent is the durable record written before a key is created, naming
+// where it will be: a key that appears there while the record is
+// outstanding is this ceremony's half-finished key, any other key is
+// someone else's. It holds no secret: the address is the signer URI
+// without its query, and a key URI keeps its secrets (the PKCS#11
+// pin-value, RFC 7512 §2.4) in the query.
+type intent struct {
+	Operation   string           `json:"operation"`
+	Address     string           `json:"address"`
+	Algorithm   signer.Algorithm `json:"algorithm"`
+	Time        time.Time        `json:"time"`
+	ToolVersion string           `json:"toolVersion"`
+}
+
+// intentName is the intent record of op, under DirReceipts (not a
+// receipt: receipts end in .json).
+func intentName(op string) string { return path.Join(DirReceipts, op+".intent") }
+
+// keyAddress is uri without its query (RFC 3986 §3.4).
+func keyAddress(uri string) string {
+	a, _, _ := strings.Cut(uri, "?")
+	return a
+}
+
+func readIntent(d Dir, op string) (*intent, error) {
+	b, err := readOptional(d, intentName(op))
+	if err != nil || b == nil {
+		return nil, err
+	}
+	var in intent
+	if err := json.Unmarshal(b, &in); err != nil {
+		return nil, fmt.Errorf("parse %s: %w (an interrupted run's record; remove it only if no key exists at the address it names)", d.Path(intentName(op)), err)
+	}
+	return &in, nil
+}
+
+// keyRequest asks for the key of one operation.
+type keyRequest struct {
+	// op is the receipt operation recording the key (opInitKey, opRotateKey).
+	op  string
+	uri string
+	alg signer.Algorithm
+	// resumeOnly forbids creating a key: only one an earlier run of op
+	// created (or was creating) may be used. errNothingToResume otherwise.
+	resumeOnly bool
+}
+
+// errNothingToResume reports that a resume-only request found no key.
+var errNothingToResume = errors.New("no key of an earlier run to resume")
+
+// createKey returns the key of req: the one an earlier run created (by
+// its receipt), the one an interrupted run was creating (by its intent
+// record, which it then records), or a new one, created after its intent
+// record is durable and recorded by a receipt right after. It never
+// adopts another key and never creates a second one while an interrupted
+// run may have created a key elsewhere. resumed says what an earlier run
+// had done.
+func (c *Ceremony) createKey(ctx context.Context, st *state, req keyRequest) (s signer.Signer, resumed []string, err error) {
+	s, err = c.Keys.Open(ctx, req.uri)
+	switch {
+	case err == nil:
+		return c.claimExisting(st, req, s)
+	case !errors.Is(err, signer.ErrKeyNotFound):
+		return nil, nil, fmt.Errorf("open the key at the signer URI: %w", err)
+	case req.resumeOnly:
+		return nil, nil, errNothingToResume
+	}
+	return c.generate(ctx, st, req)
+}
+
+// claimExisting accepts the existing key s if the directory vouches for
+// it, and closes it otherwise.
+func (c *Ceremony) claimExisting(st *state, req keyRequest, s signer.Signer) (signer.Signer, []string, error) {
+	desc := s.Describe()
+	in := st.intents[req.op]
+	var resumed string
+	switch {
+	case st.receipt(req.op, desc.Fingerprint, "") != nil:
+		resumed = fmt.Sprintf("key %s (%s) was created by an earlier run", desc.Fingerprint, desc.Location)
+		if in != nil && in.Address == keyAddress(req.uri) {
+			// The run was interrupted after the receipt, before it
+			// removed the intent record.
+			if err := c.dropIntent(st, req.op); err != nil {
+				s.Close()
+				return nil, nil, err
+			}
+		}
+	case in != nil && in.Address == keyAddress(req.uri) && sameAlgorithm(desc, in.Algorithm):
+		if err := c.recordKey(st, req.op, s, in); err != nil {
+			s.Close()
+			return nil, nil, err
+		}
+		resumed = fmt.Sprintf("key %s (%s) was created by a run interrupted before recording it; recorded now", desc.Fingerprint, desc.Location)
+	default:
+		s.Close()
+		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(DirReceipts)}
+	}
+	if !sameAlgorithm(desc, req.alg) {
+		s.Close()
+		return nil, nil, fmt.Errorf("%w: the key an earlier run created is %s, not %s; re-run with the flags of that run", signer.ErrKeyExists, desc.Algorithm, req.alg)
+	}
+	return s, []string{resumed}, nil
+}
+
+// generate creates the key of req after recording the intent to.
+func (c *Ceremony) generate(ctx context.Context, st *state, req keyRequest) (signer.Signer, []string, error) {
+	d := st.dir
+	if in := st.intents[req.op]; in != nil && in.Address != keyAddress(req.uri) {
+		return nil, nil, &InterruptedError{Operation: req.op, Address: in.Address, Since: in.Time, Record: d.Path(intentName(req.op))}
+	}
+	in := &intent{Operation: req.op, Address: keyAddress(req.uri), Algorithm: req.alg, Time: c.now().UTC(), ToolVersion: c.Version}
+	data, err := json.MarshalIndent(in, "", "  ")
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := d.WriteFile(intentName(req.op), append(data, '\n'), 0o644, true); err != nil {
+		return nil, nil, fmt.Errorf("record the intent to create a key (nothing was created): %w", err)
+	}
+	c.step(req.op + " intent recorded")
+	s, err := c.Keys.Generate(ctx, req.uri, req.alg)
+	if err != nil {
+		return nil, nil, c.generateFailed(ctx, d, req, err)
+	}
+	c.step(req.op + " key created")
+	if err := c.recordKey(st, req.op, s, in); err != nil {
+		s.Close()
+		return nil, nil, err
+	}
+	return s, nil, nil
+}
+
+// generateFailed removes the intent record of a failed Generate unless a
+// key exists at the URI after all (then a re-run sorts it out), so that
+// a key someone else puts there later is never taken for ours.
+func (c *Ceremony) generateFailed(ctx context.Context, d Dir, req keyRequest, cause error) error {
+	s, err := c.Keys.Open(ctx, req.uri)
+	if err == nil {
+		s.Close()
+	}
+	if errors.Is(err, signer.ErrKeyNotFound) || errors.Is(cause, signer.ErrKeyExists) {
+		if rerr := d.Remove(intentName(req.op)); rerr != nil {
+			return fmt.Errorf("create key: %w (and removing %s failed: %w)", cause, d.Path(intentName(req.op)), rerr)
+		}
+	}
+	return fmt.Errorf("create key: %w", cause)
+}
+
+// recordKey writes the key receipt of op for s and then removes the
+// intent record: from then on the receipt vouches for the key.
+func (c *Ceremony) recordKey(st *state, op string, s signer.Signer, in *intent) error {
+	d := st.dir
+	r := newReceipt(op, c.Version, c.now(), s.Describe())
+	r.Details = map[string]string{"algorithm": string(in.Algorithm), "intentRecorded": in.Time.UTC().Format(time.RFC3339Nano)}
+	rf, err := st.receiptFile(r, c.Rand)
+	if err == nil {
+		err = WriteSet(d, []File{rf}, false)
+	}
+	if err != nil {
+		desc := s.Describe()
+		return &KeyNotRecordedError{Operation: op, Fingerprint: desc.Fingerprint, Location: desc.Location, Err: err}
+	}
+	st.add(r)
+	c.step(op + " key recorded")
+	return c.dropIntent(st, op)
+}
+
+// dropIntent removes the intent record of op once a receipt vouches for
+// the key.
+func (c *Ceremony) dropIntent(st *state, op string) error {
+	if err := st.dir.Remove(intentName(op)); err != nil {
+		return fmt.Errorf("the key is recorded in %s, but its intent record could not be removed: %w; remove %s", st.dir.Path(DirReceipts), err, st.dir.Path(intentName(op)))
+	}
+	delete(st.intents, op)
+	c.step(op + " intent removed")
+	return nil
+}
+
+// sameAlgorithm reports whether the key described by d has algorithm a
+// ("ECDSA-P256" is p256).
+func sameAlgorithm(d signer.Description, a signer.Algorithm) bool {
+	return strings.EqualFold(strings.ReplaceAll(d.Algorithm, "-", ""), algName(a))
+}

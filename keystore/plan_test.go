@@ -1,0 +1,168 @@
+package keystore
+
+import (
+	"crypto/rand"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/file"
+)
+
+// The plans are pure: these tests build states in memory and never touch
+// a device or a file.
+
+func testCA(t *testing.T) (*signer.Description, []byte) {
+	t.Helper()
+	key, err := file.GenerateKey(rand.Reader, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := NewCACertificate(key, CAOptions{Cluster: "plan"}, time.Now(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, _ := signer.Fingerprint(key.Public())
+	desc := &signer.Description{Backend: "file", Algorithm: "ECDSA-P256", Fingerprint: fp}
+	return desc, EncodeCertificates(ca)
+}
+
+func emptyState() *state {
+	return &state{dir: OSDir{Root: "/plan"}, files: map[string][]byte{}, intents: map[string]*intent{}}
+}
+
+// withFiles returns a state holding files (parsed as readState does).
+func withFiles(t *testing.T, files []File, receipts ...Receipt) *state {
+	t.Helper()
+	st := emptyState()
+	for _, f := range files {
+		if !f.Remove {
+			st.files[f.Name] = f.Data
+		}
+	}
+	if err := st.parse(); err != nil {
+		t.Fatal(err)
+	}
+	st.receipts = receipts
+	return st
+}
+
+func TestPlanInit(t *testing.T) {
+	key, caPEM := testCA(t)
+	ca, err := ParseCertificate(caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := clusterFiles("plan", ca, nil, "oldtoken", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	initReceipt := Receipt{Operation: "init", KeyFingerprint: key.Fingerprint, CertificateFingerprint: CertFingerprint(ca)}
+	resumedKey := []string{"key was created by an earlier run"}
+	tests := []struct {
+		name      string
+		st        *state
+		resumed   []string
+		force     bool
+		wantErr   error
+		wantDone  bool
+		wantToken string
+	}{
+		{"fresh directory", emptyState(), nil, false, nil, false, "newtoken"},
+		{"complete earlier run", withFiles(t, done, initReceipt), resumedKey, false, nil, true, ""},
+		{"files written, receipt missing", withFiles(t, done), resumedKey, false, nil, false, "oldtoken"},
+		{"only os-ca.crt written keeps no token", withFiles(t, done[:1]), resumedKey, false, nil, false, "newtoken"},
+		{"another init's files", withFiles(t, done[1:2]), nil, false, ErrExists, false, ""},
+		{"another init's files, --force", withFiles(t, done[1:2]), nil, true, nil, false, "newtoken"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := planInit(tt.st, InitOptions{Cluster: "plan", Force: tt.force}, initResults{key: *key, keyResumed: tt.resumed, ca: ca, newToken: "newtoken"})
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			if p.alreadyDone != tt.wantDone {
+				t.Fatalf("alreadyDone = %v", p.alreadyDone)
+			}
+			if tt.wantDone {
+				return
+			}
+			if got := string(fileData(p.files, FileToken)); got != tt.wantToken {
+				t.Errorf("token %q, want %q", got, tt.wantToken)
+			}
+			if p.receipt.Operation != "init" || p.receipt.CertificateFingerprint != CertFingerprint(ca) || p.receipt.KeyFingerprint != key.Fingerprint {
+				t.Errorf("receipt %+v", p.receipt)
+			}
+		})
+	}
+}
+
+func fileData(files []File, name string) []byte {
+	for _, f := range files {
+		if f.Name == name {
+			return f.Data
+		}
+	}
+	return nil
+}
+
+func TestFinishing(t *testing.T) {
+	_, oldPEM := testCA(t)
+	key, nextPEM := testCA(t)
+	old, _ := ParseCertificate(oldPEM)
+	next, _ := ParseCertificate(nextPEM)
+	tok := File{Name: FileToken, Data: []byte("tok")}
+	rotated := Receipt{Operation: "rotate", CertificateFingerprint: CertFingerprint(next), Details: map[string]string{"currentCAFingerprint": CertFingerprint(old)}}
+	finished := Receipt{Operation: "rotate.finish", KeyFingerprint: key.Fingerprint, CertificateFingerprint: CertFingerprint(next)}
+	caFile := func(pem []byte) File { return File{Name: FileCACert, Data: pem} }
+	nextFile := File{Name: FileNextCACert, Data: nextPEM}
+	tests := []struct {
+		name         string
+		st           *state
+		wantErr      error
+		wantSwitched bool
+		wantDone     bool
+		wantRetired  string
+		wantFiles    int // 0: not checked; else only removals are left
+	}{
+		{"no rotation", withFiles(t, []File{caFile(oldPEM), tok}), ErrNoRotation, false, false, "", 0},
+		{"rotation in progress", withFiles(t, []File{caFile(oldPEM), nextFile, tok}, rotated), nil, false, false, CertFingerprint(old), 0},
+		{"killed after os-ca.crt was switched", withFiles(t, []File{caFile(nextPEM), nextFile, tok}, rotated), nil, true, false, CertFingerprint(old), 0},
+		{"killed after the receipt", withFiles(t, []File{caFile(nextPEM), nextFile, tok}, rotated, finished), nil, true, false, CertFingerprint(old), 2},
+		{"finished", withFiles(t, []File{caFile(nextPEM), tok}, rotated, finished), nil, true, true, "", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, err := finishing(tt.st)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			if f.switched != tt.wantSwitched || f.done != tt.wantDone || f.retired != tt.wantRetired {
+				t.Fatalf("finish %+v", f)
+			}
+			p, err := planFinish(tt.st, f, *key, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.alreadyDone != tt.wantDone {
+				t.Errorf("alreadyDone = %v", p.alreadyDone)
+			}
+			if tt.wantDone {
+				return
+			}
+			if last := p.files[len(p.files)-1]; last.Name != FileNextCACert || !last.Remove {
+				t.Errorf("the last step is %+v, want the removal of %s", last, FileNextCACert)
+			}
+			if tt.wantFiles > 0 && (len(p.files) != tt.wantFiles || !p.recorded) {
+				t.Errorf("after a recorded finish: files %v, recorded %v", fileNames(p.files), p.recorded)
+			}
+		})
+	}
+}
