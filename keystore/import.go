@@ -12,6 +12,8 @@ import (
 
 	"go.yaml.in/yaml/v4"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
 )
@@ -33,7 +35,7 @@ func ParseImportFiles(keyPEM, certPEM []byte) (*ImportSource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CA key: %w", err)
 	}
-	cert, err := ParseCertificate(certPEM)
+	cert, err := pki.ParseCertificate(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("CA certificate: %w", err)
 	}
@@ -111,32 +113,29 @@ func (c *Ceremony) Import(ctx context.Context, d Dir, o ImportOptions) (*Outcome
 	if src == nil || src.Key == nil || src.Cert == nil {
 		return nil, errors.New("import: a CA key and certificate are required")
 	}
-	if !KeyMatchesCert(src.Key.Public(), src.Cert) {
+	if !pki.KeyMatchesCert(src.Key.Public(), src.Cert) {
 		return nil, errors.New("import: the certificate's public key is not the key's: they are not a pair")
 	}
 	if !src.Cert.IsCA || src.Cert.KeyUsage&x509.KeyUsageCertSign == 0 {
 		return nil, errors.New("import: the certificate is not a CA certificate (needs basicConstraints CA and keyUsage certSign)")
-	}
-	if _, ok := src.Key.Public().(ed25519.PublicKey); ok && strings.HasPrefix(o.SignerURI, "tpm:") {
-		return nil, fmt.Errorf("import: %w: %w", signer.ErrUnsupportedAlgorithm, ErrEd25519TPM)
 	}
 	out := &Outcome{}
 	fp, err := signer.Fingerprint(src.Key.Public())
 	if err != nil {
 		return nil, err
 	}
-	caData, err := readOptional(d, FileCACert)
+	caData, err := readOptional(d, certdir.FileCACert)
 	if err != nil {
 		return nil, err
 	}
 	resuming := false
 	if caData != nil {
-		existing, perr := ParseCertificate(caData)
+		existing, perr := pki.ParseCertificate(caData)
 		switch {
 		case perr == nil && existing.Equal(src.Cert):
 			resuming = true
 		case !o.Force:
-			return nil, fmt.Errorf("import: %w: %s holds another CA", ErrExists, d.Path(FileCACert))
+			return nil, fmt.Errorf("import: %w: %s holds another CA", ErrExists, d.Path(certdir.FileCACert))
 		}
 	}
 	if !o.Force && !resuming {
@@ -180,17 +179,17 @@ func (c *Ceremony) Import(ctx context.Context, d Dir, o ImportOptions) (*Outcome
 
 	token := src.Token
 	if token == "" && resuming {
-		t, err := readOptional(d, FileToken)
+		t, err := readOptional(d, certdir.FileToken)
 		if err != nil {
 			return nil, err
 		}
 		token = strings.TrimSpace(string(t))
 	}
 	if token == "" {
-		if token, err = NewToken(c.Rand); err != nil {
+		if token, err = certdir.NewToken(c.Rand); err != nil {
 			return nil, err
 		}
-		out.Notes = append(out.Notes, "a new worker token was generated: existing workers keep theirs until their machine config is patched with "+d.Path(FileWorkerPatch)+" (import from --talos-secrets to keep the cluster's token)")
+		out.Notes = append(out.Notes, "a new worker token was generated: existing workers keep theirs until their machine config is patched with "+d.Path(certdir.FileWorkerPatch)+" (import from --talos-secrets to keep the cluster's token)")
 	}
 	cluster := o.Cluster
 	if cluster == "" {

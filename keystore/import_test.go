@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
@@ -39,7 +41,7 @@ func TestParseTalosSecrets(t *testing.T) {
 	if _, ok := src.Key.(ed25519.PrivateKey); !ok {
 		t.Errorf("Talos's OS CA key is %T, want Ed25519", src.Key)
 	}
-	if !keystore.KeyMatchesCert(src.Key.Public(), src.Cert) {
+	if !pki.KeyMatchesCert(src.Key.Public(), src.Cert) {
 		t.Error("key and certificate do not match")
 	}
 	for _, bad := range []string{"", "certs: {}", "certs: {os: {crt: '!!', key: 'eA=='}}", "- a list"} {
@@ -65,9 +67,9 @@ func TestImport(t *testing.T) {
 		var key, crt []byte
 		for _, f := range files {
 			switch f.Name {
-			case keystore.FileCAKey:
+			case certdir.FileCAKey:
 				key = f.Data
-			case keystore.FileCACert:
+			case certdir.FileCACert:
 				crt = f.Data
 			}
 		}
@@ -82,9 +84,9 @@ func TestImport(t *testing.T) {
 	var leafKey, leafCrt []byte
 	for _, f := range server {
 		switch f.Name {
-		case keystore.FileServerKey:
+		case certdir.FileServerKey:
 			leafKey = f.Data
-		case keystore.FileServerCert:
+		case certdir.FileServerCert:
 			leafCrt = f.Data
 		}
 	}
@@ -133,10 +135,10 @@ func TestImport(t *testing.T) {
 				t.Fatal(err)
 			}
 			s.Close()
-			if !mustCA(t, d, keystore.FileCACert).Equal(tt.src.Cert) {
+			if !mustCA(t, d, certdir.FileCACert).Equal(tt.src.Cert) {
 				t.Error("os-ca.crt is not the imported CA")
 			}
-			tok, _ := os.ReadFile(d.Path(keystore.FileToken))
+			tok, _ := os.ReadFile(d.Path(certdir.FileToken))
 			if tt.token != "" && string(tok) != tt.token {
 				t.Errorf("token %q, want the cluster's %q", tok, tt.token)
 			}

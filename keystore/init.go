@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -20,7 +22,7 @@ type InitOptions struct {
 	Cluster string
 	// Organization is the CA subject's O; empty means "talos".
 	Organization string
-	// Validity of the CA; zero means DefaultCAValidity.
+	// Validity of the CA; zero means pki.DefaultCAValidity.
 	Validity time.Duration
 	// Algorithm of the new key; empty means signer.ECDSAP256.
 	Algorithm signer.Algorithm
@@ -51,7 +53,7 @@ func (c *Ceremony) Init(ctx context.Context, d Dir, o InitOptions) (*Outcome, er
 		o.Algorithm = signer.ECDSAP256
 	}
 	out := &Outcome{}
-	caData, err := readOptional(d, FileCACert)
+	caData, err := readOptional(d, certdir.FileCACert)
 	if err != nil {
 		return nil, err
 	}
@@ -72,19 +74,19 @@ func (c *Ceremony) Init(ctx context.Context, d Dir, o InitOptions) (*Outcome, er
 
 	var ca *x509.Certificate
 	if caData != nil {
-		existing, perr := ParseCertificate(caData)
+		existing, perr := pki.ParseCertificate(caData)
 		switch {
-		case perr == nil && KeyMatchesCert(key.Public(), existing):
+		case perr == nil && pki.KeyMatchesCert(key.Public(), existing):
 			ca = existing
-			out.Resumed = append(out.Resumed, d.Path(FileCACert)+" was already issued for this key")
+			out.Resumed = append(out.Resumed, d.Path(certdir.FileCACert)+" was already issued for this key")
 		case !o.Force && !resumedKey:
-			return nil, fmt.Errorf("init: %w: %s holds another CA", ErrExists, d.Path(FileCACert))
+			return nil, fmt.Errorf("init: %w: %s holds another CA", ErrExists, d.Path(certdir.FileCACert))
 		case !o.Force:
-			return nil, fmt.Errorf("init: %w: %s holds a CA that is not the key's; remove it or pass --force", ErrExists, d.Path(FileCACert))
+			return nil, fmt.Errorf("init: %w: %s holds a CA that is not the key's; remove it or pass --force", ErrExists, d.Path(certdir.FileCACert))
 		}
 	}
 	if ca == nil {
-		ca, err = NewCACertificate(key, CAOptions{Cluster: o.Cluster, Organization: o.Organization, Validity: o.Validity}, c.now(), c.Rand)
+		ca, err = pki.NewCACertificate(key, pki.CAOptions{Cluster: o.Cluster, Organization: o.Organization, Validity: o.Validity}, c.now(), c.Rand)
 		if err != nil {
 			return nil, fmt.Errorf("init: self-sign the CA through the device: %w", err)
 		}
@@ -93,17 +95,17 @@ func (c *Ceremony) Init(ctx context.Context, d Dir, o InitOptions) (*Outcome, er
 
 	token := ""
 	if resuming {
-		t, err := readOptional(d, FileToken)
+		t, err := readOptional(d, certdir.FileToken)
 		if err != nil {
 			return nil, err
 		}
 		if tt := strings.TrimSpace(string(t)); tt != "" {
 			token = tt
-			out.Resumed = append(out.Resumed, d.Path(FileToken)+" kept")
+			out.Resumed = append(out.Resumed, d.Path(certdir.FileToken)+" kept")
 		}
 	}
 	if token == "" {
-		if token, err = NewToken(c.Rand); err != nil {
+		if token, err = certdir.NewToken(c.Rand); err != nil {
 			return nil, err
 		}
 	}
@@ -142,8 +144,8 @@ func (c *Ceremony) Init(ctx context.Context, d Dir, o InitOptions) (*Outcome, er
 	out.Receipt = r
 	out.Written = paths(d, append(files, rf))
 	out.Notes = append(out.Notes,
-		"apply "+d.Path(FileWorkerPatch)+" to every worker's machine config (it holds the token: keep it secret)",
-		"deploy "+d.Path(FileKubernetesSecret)+" and run steward-trustd with TRUSTD_SIGNER set to the signer URI")
+		"apply "+d.Path(certdir.FileWorkerPatch)+" to every worker's machine config (it holds the token: keep it secret)",
+		"deploy "+d.Path(certdir.FileKubernetesSecret)+" and run steward-trustd with TRUSTD_SIGNER set to the signer URI")
 	return out, nil
 }
 
@@ -185,7 +187,7 @@ func fileNames(files []File) []string {
 }
 
 // initOutputs are the files init writes besides its receipt.
-var initOutputs = []string{FileCACert, FileToken, FileWorkerPatch, FileKubernetesSecret}
+var initOutputs = []string{certdir.FileCACert, certdir.FileToken, certdir.FileWorkerPatch, certdir.FileKubernetesSecret}
 
 // initPrecheck refuses, before any key is created, a directory that
 // already holds init outputs unless they belong to an earlier run of init

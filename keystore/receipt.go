@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -63,12 +64,12 @@ func newReceipt(op, version string, now time.Time, d signer.Description) Receipt
 	}
 }
 
-// receiptFile renders r as a File under DirReceipts of d. The name starts
+// receiptFile renders r as a File under certdir.DirReceipts of d. The name starts
 // with a sequence number (so receipts list in the order they were written,
 // whatever the clock says) and carries random bits so that two receipts
 // never collide.
 func receiptFile(d Dir, r Receipt, rnd io.Reader) (File, error) {
-	existing, err := d.List(DirReceipts)
+	existing, err := d.List(certdir.DirReceipts)
 	if err != nil {
 		return File{}, fmt.Errorf("list receipts: %w", err)
 	}
@@ -81,13 +82,13 @@ func receiptFile(d Dir, r Receipt, rnd io.Reader) (File, error) {
 		return File{}, fmt.Errorf("receipt name: %w", err)
 	}
 	name := fmt.Sprintf("%06d-%s-%s-%s.json", len(existing)+1, r.Time.UTC().Format("20060102T150405.000000000Z"), r.Operation, hex.EncodeToString(suffix))
-	return File{Name: path.Join(DirReceipts, name), Data: append(data, '\n'), Mode: 0o644}, nil
+	return File{Name: path.Join(certdir.DirReceipts, name), Data: append(data, '\n'), Mode: 0o644}, nil
 }
 
 // ReadReceipts returns the receipts in d, oldest first. A receipt that
 // does not parse is reported, not skipped: receipts are the audit trail.
 func ReadReceipts(d Dir) ([]Receipt, error) {
-	names, err := d.List(DirReceipts)
+	names, err := d.List(certdir.DirReceipts)
 	if err != nil {
 		return nil, fmt.Errorf("list receipts: %w", err)
 	}
@@ -97,7 +98,7 @@ func ReadReceipts(d Dir) ([]Receipt, error) {
 		if !strings.HasSuffix(n, ".json") {
 			continue
 		}
-		data, err := d.ReadFile(path.Join(DirReceipts, n))
+		data, err := d.ReadFile(path.Join(certdir.DirReceipts, n))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("read receipt %s: %w", n, err))
 			continue

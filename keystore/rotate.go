@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -17,7 +19,7 @@ type RotateOptions struct {
 	NewSignerURI string
 	// Algorithm of the new key; empty means signer.ECDSAP256.
 	Algorithm signer.Algorithm
-	// Validity of the new CA; zero means DefaultCAValidity.
+	// Validity of the new CA; zero means pki.DefaultCAValidity.
 	Validity time.Duration
 }
 
@@ -40,23 +42,23 @@ func (c *Ceremony) Rotate(ctx context.Context, d Dir, o RotateOptions) (*Outcome
 	if err != nil {
 		return nil, fmt.Errorf("rotate: %w", err)
 	}
-	nextData, err := readOptional(d, FileNextCACert)
+	nextData, err := readOptional(d, certdir.FileNextCACert)
 	if err != nil {
 		return nil, err
 	}
 	out := &Outcome{}
 	var next *x509.Certificate
 	if nextData != nil {
-		if next, err = ParseCertificate(nextData); err != nil {
-			return nil, fmt.Errorf("rotate: %s: %w", d.Path(FileNextCACert), err)
+		if next, err = pki.ParseCertificate(nextData); err != nil {
+			return nil, fmt.Errorf("rotate: %s: %w", d.Path(certdir.FileNextCACert), err)
 		}
 		// Only the key of that rotation may continue it.
 		s, err := c.Keys.Open(ctx, o.NewSignerURI)
-		if err != nil || !KeyMatchesCert(s.Public(), next) {
+		if err != nil || !pki.KeyMatchesCert(s.Public(), next) {
 			if s != nil {
 				s.Close()
 			}
-			return nil, fmt.Errorf("rotate: a rotation to CA %s is already in progress (%s) with another key; finish it with `rotate --finish` first", CertFingerprint(next), d.Path(FileNextCACert))
+			return nil, fmt.Errorf("rotate: a rotation to CA %s is already in progress (%s) with another key; finish it with `rotate --finish` first", pki.CertFingerprint(next), d.Path(certdir.FileNextCACert))
 		}
 		s.Close()
 	}
@@ -73,12 +75,12 @@ func (c *Ceremony) Rotate(ctx context.Context, d Dir, o RotateOptions) (*Outcome
 		if len(cur.Subject.Organization) > 0 {
 			org = cur.Subject.Organization[0]
 		}
-		next, err = NewCACertificate(key, CAOptions{Cluster: cur.Subject.CommonName, Organization: org, Validity: o.Validity}, c.now(), c.Rand)
+		next, err = pki.NewCACertificate(key, pki.CAOptions{Cluster: cur.Subject.CommonName, Organization: org, Validity: o.Validity}, c.now(), c.Rand)
 		if err != nil {
 			return nil, fmt.Errorf("rotate: self-sign the new CA through the device: %w", err)
 		}
 	} else {
-		out.Resumed = append(out.Resumed, d.Path(FileNextCACert)+" was already issued")
+		out.Resumed = append(out.Resumed, d.Path(certdir.FileNextCACert)+" was already issued")
 	}
 	acc, err := readAccepted(d)
 	if err != nil {
@@ -93,11 +95,11 @@ func (c *Ceremony) Rotate(ctx context.Context, d Dir, o RotateOptions) (*Outcome
 	if err != nil {
 		return nil, err
 	}
-	files = append([]File{{Name: FileNextCACert, Data: EncodeCertificates(next), Mode: 0o644}}, files...)
+	files = append([]File{{Name: certdir.FileNextCACert, Data: pki.EncodeCertificates(next), Mode: 0o644}}, files...)
 	r := newReceipt("rotate", c.Version, c.now(), key.Describe())
 	certReceipt(&r, next)
 	r.Files = fileNames(files)
-	r.Details = map[string]string{"currentCAFingerprint": CertFingerprint(cur)}
+	r.Details = map[string]string{"currentCAFingerprint": pki.CertFingerprint(cur)}
 	rf, err := receiptFile(d, r, c.Rand)
 	if err != nil {
 		return nil, err
@@ -108,9 +110,9 @@ func (c *Ceremony) Rotate(ctx context.Context, d Dir, o RotateOptions) (*Outcome
 	out.Receipt = r
 	out.Written = paths(d, append(files, rf))
 	out.Notes = append(out.Notes,
-		"1. deploy the updated "+d.Path(FileKubernetesSecret)+" (or copy "+FileAcceptedCAs+" into the daemon's cert dir) and restart steward-trustd: it still signs with the old key",
-		"2. apply "+d.Path(FileWorkerPatch)+" to every worker (adds machine.acceptedCAs); workers pick up the new client-CA bundle at their next certificate renewal (12 h, or on reboot)",
-		"3. issue new talosconfigs with --signer <new key URI> --ca "+d.Path(FileNextCACert)+"; they trust both CAs",
+		"1. deploy the updated "+d.Path(certdir.FileKubernetesSecret)+" (or copy "+certdir.FileAcceptedCAs+" into the daemon's cert dir) and restart steward-trustd: it still signs with the old key",
+		"2. apply "+d.Path(certdir.FileWorkerPatch)+" to every worker (adds machine.acceptedCAs); workers pick up the new client-CA bundle at their next certificate renewal (12 h, or on reboot)",
+		"3. issue new talosconfigs with --signer <new key URI> --ca "+d.Path(certdir.FileNextCACert)+"; they trust both CAs",
 		"4. when every worker and user has moved, run `rotate --finish`")
 	return out, nil
 }
@@ -135,16 +137,16 @@ func (c *Ceremony) RotateFinish(ctx context.Context, d Dir, o RotateFinishOption
 	if err != nil {
 		return nil, fmt.Errorf("rotate --finish: %w", err)
 	}
-	nextData, err := readOptional(d, FileNextCACert)
+	nextData, err := readOptional(d, certdir.FileNextCACert)
 	if err != nil {
 		return nil, err
 	}
 	if nextData == nil {
-		return nil, fmt.Errorf("rotate --finish: no rotation in progress (%s is missing)", d.Path(FileNextCACert))
+		return nil, fmt.Errorf("rotate --finish: no rotation in progress (%s is missing)", d.Path(certdir.FileNextCACert))
 	}
-	next, err := ParseCertificate(nextData)
+	next, err := pki.ParseCertificate(nextData)
 	if err != nil {
-		return nil, fmt.Errorf("rotate --finish: %s: %w", d.Path(FileNextCACert), err)
+		return nil, fmt.Errorf("rotate --finish: %s: %w", d.Path(certdir.FileNextCACert), err)
 	}
 	key, err := c.OpenCA(ctx, o.NewSignerURI, next)
 	if err != nil {
@@ -165,9 +167,9 @@ func (c *Ceremony) RotateFinish(ctx context.Context, d Dir, o RotateFinishOption
 	}
 	var serverOut []File
 	if server != nil {
-		prev, err := ParseCertificate(server[FileServerCert])
+		prev, err := pki.ParseCertificate(server[certdir.FileServerCert])
 		if err != nil {
-			return nil, fmt.Errorf("rotate --finish: %s: %w", d.Path(FileServerCert), err)
+			return nil, fmt.Errorf("rotate --finish: %s: %w", d.Path(certdir.FileServerCert), err)
 		}
 		hosts := append([]string{}, prev.DNSNames...)
 		for _, ip := range prev.IPAddresses {
@@ -175,23 +177,23 @@ func (c *Ceremony) RotateFinish(ctx context.Context, d Dir, o RotateFinishOption
 		}
 		crt, keyPEM, err := issueServing(next, key, hosts, o.ServerValidity, c.now(), c.Rand)
 		if err != nil {
-			return nil, fmt.Errorf("rotate --finish: re-issue %s: %w", FileServerCert, err)
+			return nil, fmt.Errorf("rotate --finish: re-issue %s: %w", certdir.FileServerCert, err)
 		}
-		server = map[string][]byte{FileServerCert: EncodeCertificates(crt), FileServerKey: keyPEM}
+		server = map[string][]byte{certdir.FileServerCert: pki.EncodeCertificates(crt), certdir.FileServerKey: keyPEM}
 		serverOut = []File{
-			{Name: FileServerKey, Data: keyPEM, Mode: 0o600},
-			{Name: FileServerCert, Data: server[FileServerCert], Mode: 0o600},
+			{Name: certdir.FileServerKey, Data: keyPEM, Mode: 0o600},
+			{Name: certdir.FileServerCert, Data: server[certdir.FileServerCert], Mode: 0o600},
 		}
 	}
 	files, err := clusterFiles(secretCluster(old), next, accepted, token, server)
 	if err != nil {
 		return nil, err
 	}
-	files = append(append(serverOut, files...), File{Name: FileNextCACert, Remove: true})
+	files = append(append(serverOut, files...), File{Name: certdir.FileNextCACert, Remove: true})
 	r := newReceipt("rotate.finish", c.Version, c.now(), key.Describe())
 	certReceipt(&r, next)
 	r.Files = fileNames(files)
-	r.Details = map[string]string{"retiredCAFingerprint": CertFingerprint(old)}
+	r.Details = map[string]string{"retiredCAFingerprint": pki.CertFingerprint(old)}
 	rf, err := receiptFile(d, r, c.Rand)
 	if err != nil {
 		return nil, err
@@ -200,29 +202,29 @@ func (c *Ceremony) RotateFinish(ctx context.Context, d Dir, o RotateFinishOption
 		return nil, fmt.Errorf("rotate --finish: %w", err)
 	}
 	return &Outcome{Receipt: r, Written: paths(d, append(files, rf)), Notes: []string{
-		"restart steward-trustd with TRUSTD_SIGNER set to the new key URI and the updated " + d.Path(FileKubernetesSecret),
-		"apply " + d.Path(FileWorkerPatch) + " to every worker (machine.ca is now the new CA)",
+		"restart steward-trustd with TRUSTD_SIGNER set to the new key URI and the updated " + d.Path(certdir.FileKubernetesSecret),
+		"apply " + d.Path(certdir.FileWorkerPatch) + " to every worker (machine.ca is now the new CA)",
 		"talosconfigs signed by the old CA stop working once workers renew their certificates; the old key can then be destroyed on the device",
 	}}, nil
 }
 
 // currentCA reads os-ca.crt and token from d.
 func currentCA(d Dir) (*x509.Certificate, string, error) {
-	data, err := d.ReadFile(FileCACert)
+	data, err := d.ReadFile(certdir.FileCACert)
 	if err != nil {
 		return nil, "", fmt.Errorf("read the current CA: %w (run init or import first)", err)
 	}
-	ca, err := ParseCertificate(data)
+	ca, err := pki.ParseCertificate(data)
 	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", d.Path(FileCACert), err)
+		return nil, "", fmt.Errorf("%s: %w", d.Path(certdir.FileCACert), err)
 	}
-	tok, err := d.ReadFile(FileToken)
+	tok, err := d.ReadFile(certdir.FileToken)
 	if err != nil {
 		return nil, "", fmt.Errorf("read the worker token: %w", err)
 	}
 	token := strings.TrimSpace(string(tok))
 	if token == "" {
-		return nil, "", errors.New(d.Path(FileToken) + " is empty")
+		return nil, "", errors.New(d.Path(certdir.FileToken) + " is empty")
 	}
 	return ca, token, nil
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,8 +16,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/backends"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
 )
 
 // environment is what commands take from the process, replaceable in
@@ -146,7 +148,7 @@ func readCA(path string) (*x509.Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read CA certificate: %w", err)
 	}
-	ca, err := keystore.ParseCertificate(data)
+	ca, err := pki.ParseCertificate(data)
 	if err != nil {
 		return nil, fmt.Errorf("CA certificate %s: %w", path, err)
 	}
@@ -198,11 +200,11 @@ func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			if pcrs != "" {
-				list, err := keystore.ParsePCRList(pcrs)
+				list, err := tpm.ParsePCRs(pcrs)
 				if err != nil {
 					return usagef("--pcrs: %v", err)
 				}
-				if o.SignerURI, err = keystore.WithPCRs(o.SignerURI, list); err != nil {
+				if o.SignerURI, err = tpm.WithPCRs(o.SignerURI, list); err != nil {
 					return usageError{err}
 				}
 			}
@@ -357,7 +359,7 @@ func signCSRCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			o.Roles = splitList(roles)
-			if _, err := keystore.ParseRoles(o.Roles); err != nil {
+			if _, err := pki.ParseRoles(o.Roles); err != nil {
 				return usageError{fmt.Errorf("--roles: %w", err)}
 			}
 			var err error
@@ -383,7 +385,7 @@ func signCSRCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	f.StringVar(&o.SignerURI, "signer", "", "CA key URI")
 	f.StringVar(&caPath, "ca", "", "CA certificate (os-ca.crt)")
 	f.StringVar(&csrPath, "csr", "", "PEM certificate request")
-	f.StringSliceVar(&roles, "roles", []string{"os:admin"}, "roles (Organization): "+strings.Join(keystore.KnownRoles(), ", "))
+	f.StringSliceVar(&roles, "roles", []string{"os:admin"}, "roles (Organization): "+strings.Join(pki.KnownRoles(), ", "))
 	f.IntVar(&hours, "hours", 8760, "validity in hours")
 	f.StringVar(&out, "out", "", "certificate output file")
 	f.StringVar(&dir, "dir", "", "ceremony directory for the receipt (default: the directory of --ca)")
@@ -407,10 +409,10 @@ func talosconfigCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if len(o.Endpoints) == 0 {
 				return usagef("required flag(s) --endpoints not set")
 			}
-			if _, _, err := keystore.SplitHosts(o.Endpoints); err != nil {
+			if _, _, err := pki.SplitHosts(o.Endpoints); err != nil {
 				return usageError{fmt.Errorf("--endpoints: %w", err)}
 			}
-			if _, err := keystore.ParseRoles(o.Roles); err != nil {
+			if _, err := pki.ParseRoles(o.Roles); err != nil {
 				return usageError{fmt.Errorf("--roles: %w", err)}
 			}
 			var err error
@@ -420,7 +422,7 @@ func talosconfigCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if o.CA, err = readCA(caPath); err != nil {
 				return err
 			}
-			if o.Trust, err = trustFor(o.CA, filepath.Dir(caPath)); err != nil {
+			if o.Trust, err = certdir.ClientTrust(o.CA, certdir.OSDir(filepath.Dir(caPath))); err != nil {
 				return err
 			}
 			if o.Out, err = outTarget(out); err != nil {
@@ -437,35 +439,13 @@ func talosconfigCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	f.StringVar(&o.Context, "context", "", "talosconfig context name")
 	f.StringSliceVar(&endpoints, "endpoints", nil, "Talos API endpoints (IPs or names)")
 	f.StringSliceVar(&nodes, "nodes", nil, "default nodes (default: the endpoints)")
-	f.StringSliceVar(&roles, "roles", []string{"os:admin"}, "roles: "+strings.Join(keystore.KnownRoles(), ", "))
+	f.StringSliceVar(&roles, "roles", []string{"os:admin"}, "roles: "+strings.Join(pki.KnownRoles(), ", "))
 	f.StringVar(&o.CommonName, "name", "talosctl", "client certificate common name")
 	f.IntVar(&hours, "hours", 8760, "validity in hours")
 	f.StringVar(&out, "out", "", "talosconfig output file (mode 0600)")
 	f.StringVar(&dir, "dir", "", "ceremony directory for the receipt (default: the directory of --ca)")
 	f.BoolVar(&o.Force, "force", false, "replace --out")
 	return c
-}
-
-// trustFor is the talosconfig `ca` bundle: the signing CA plus, if they
-// sit next to it, os-ca.crt, accepted-cas.crt and os-ca.next.crt, so that
-// a talosconfig made during a rotation keeps verifying apid after it.
-func trustFor(ca *x509.Certificate, dir string) ([]*x509.Certificate, error) {
-	trust := []*x509.Certificate{ca}
-	for _, n := range []string{keystore.FileCACert, keystore.FileAcceptedCAs, keystore.FileNextCACert} {
-		data, err := os.ReadFile(filepath.Join(dir, n))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		certs, err := keystore.ParseCertificates(data)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, n), err)
-		}
-		trust = append(trust, certs...)
-	}
-	return trust, nil
 }
 
 func serverCertCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -484,7 +464,7 @@ func serverCertCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if len(o.Hosts) == 0 {
 				return usagef("required flag(s) --san not set")
 			}
-			if _, _, err := keystore.SplitHosts(o.Hosts); err != nil {
+			if _, _, err := pki.SplitHosts(o.Hosts); err != nil {
 				return usageError{fmt.Errorf("--san: %w", err)}
 			}
 			var err error
@@ -550,11 +530,11 @@ func rotateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			if pcrs != "" {
-				list, err := keystore.ParsePCRList(pcrs)
+				list, err := tpm.ParsePCRs(pcrs)
 				if err != nil {
 					return usagef("--pcrs: %v", err)
 				}
-				if newSigner, err = keystore.WithPCRs(newSigner, list); err != nil {
+				if newSigner, err = tpm.WithPCRs(newSigner, list); err != nil {
 					return usageError{err}
 				}
 			}

@@ -11,8 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/steward-trustd/steward-trustd/keystore"
-	"github.com/steward-trustd/steward-trustd/keystore/doctor"
+	"github.com/steward-trustd/steward-trustd/internal/doctor"
 )
 
 func doctorCmd(stdout io.Writer) *cobra.Command {
@@ -35,7 +34,7 @@ func doctorCmd(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			wc, err := keystore.ParseWorkerConfig(data)
+			wc, err := doctor.ParseWorkerConfig(data)
 			if err != nil {
 				return fmt.Errorf("%s: %w", mcPath, err)
 			}

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -83,7 +85,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil || (alg != signer.ECDSAP256 && alg != signer.Ed25519) {
 		return usage(fmt.Sprintf("-algorithm %q: want p256 or ed25519", *algorithm))
 	}
-	if _, _, err := keystore.SplitHosts(sans); err != nil {
+	if _, _, err := pki.SplitHosts(sans); err != nil {
 		return usage("-san: " + err.Error())
 	}
 
@@ -110,6 +112,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "wrote %s\n", keystore.OSDir{Root: *output}.Path(f.Name))
 	}
 	fmt.Fprintf(stdout, "the OS CA key is a file (%s): use it for development only; see steward-trustd-ceremony for TPM and HSM keys\n",
-		keystore.OSDir{Root: *output}.Path(keystore.FileCAKey))
+		keystore.OSDir{Root: *output}.Path(certdir.FileCAKey))
 	return exitOK
 }

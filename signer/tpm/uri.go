@@ -287,3 +287,47 @@ func ParsePCRs(v string) ([]int, error) {
 	slices.Sort(out)
 	return out, nil
 }
+
+// IsKeyURI reports whether uri names a key of this backend (its scheme is
+// tpm:), without checking the rest.
+func IsKeyURI(uri string) bool { return strings.HasPrefix(uri, Scheme+":") }
+
+// WithPCRs returns uri with the PCR selection pcrs (see ParsePCRs), so
+// that a ceremony's --pcrs flag and the URI's pcrs= attribute cannot
+// disagree: uri must be a valid tpm: key URI; if it already names pcrs=
+// the selections must be equal (uri is returned unchanged), otherwise
+// ";pcrs=..." is appended. An empty pcrs returns uri unchanged. Every
+// error wraps signer.ErrInvalidURI.
+func WithPCRs(uri string, pcrs []int) (string, error) {
+	if len(pcrs) == 0 {
+		return uri, nil
+	}
+	if !IsKeyURI(uri) {
+		return "", uriErr("a PCR selection only applies to %s: key URIs, not %q", Scheme, scheme(uri))
+	}
+	u, err := ParseURI(uri)
+	if err != nil {
+		return "", err
+	}
+	want, err := ParsePCRs(pcrList(pcrs)) // the one rule: range, duplicates, order
+	if err != nil {
+		return "", err
+	}
+	if u.PCRsSet {
+		if !slices.Equal(u.PCRs, want) {
+			return "", uriErr("the key URI already selects PCRs %s, the PCR selection given is %s", pcrList(u.PCRs), pcrList(want))
+		}
+		return uri, nil
+	}
+	return uri + ";pcrs=" + pcrList(want), nil
+}
+
+// scheme is the scheme of a key URI, for messages (never the rest, which
+// may hold a PIN).
+func scheme(uri string) string {
+	s, _, ok := strings.Cut(uri, ":")
+	if !ok {
+		return "(no scheme)"
+	}
+	return s + ":"
+}
