@@ -36,18 +36,8 @@ func NewCredentials(token []byte, caPEM, acceptedPEM []byte, pub crypto.PublicKe
 	if err != nil {
 		return nil, err
 	}
-	if pub != nil {
-		want, err := signer.Fingerprint(pub)
-		if err != nil {
-			return nil, err
-		}
-		got, err := signer.Fingerprint(ca.PublicKey)
-		if err != nil {
-			return nil, err
-		}
-		if want != got {
-			return nil, fmt.Errorf("OS CA certificate does not match the signer's key (certificate key %s, signer key %s)", got[:16], want[:16])
-		}
+	if pub != nil && !pki.KeyMatchesCert(pub, ca) {
+		return nil, mismatch(ca, pub)
 	}
 	pool := x509.NewCertPool()
 	for _, c := range cas {
@@ -65,3 +55,17 @@ func (c *Credentials) Bundle() []byte { return c.bundle }
 
 // Pool returns the bundle as a certificate pool.
 func (c *Credentials) Pool() *x509.CertPool { return c.pool }
+
+// mismatch reports an os-ca.crt that is not the signer's key's, naming
+// both keys by fingerprint prefix.
+func mismatch(ca *x509.Certificate, pub crypto.PublicKey) error {
+	want, err := signer.Fingerprint(pub)
+	if err != nil {
+		return err
+	}
+	got, err := signer.Fingerprint(ca.PublicKey)
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("OS CA certificate does not match the signer's key (certificate key %s, signer key %s)", got[:16], want[:16])
+}
