@@ -30,7 +30,7 @@ func errEd25519() error {
 	return &UnsupportedKeyError{
 		Algorithm: signer.Ed25519,
 		Reason:    "a TPM 2.0 cannot hold Ed25519 keys (no EdDSA in the TPM 2.0 library)",
-		Hint: "use ECDSA P-256 or P-384 on the TPM (--algorithm p256 works with every Talos version, because the " +
+		Hint: "use ECDSA P-256 or P-384 on the TPM (init --algorithm p256 works with every Talos version, because the " +
 			"certificate signature follows the CA key; an existing Ed25519 CA moves to it with rotate), or keep " +
 			"Ed25519 in a PKCS#11 HSM that supports CKM_EDDSA (a pkcs11: key URI) or in a file key (file:)",
 	}
