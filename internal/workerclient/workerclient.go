@@ -144,6 +144,7 @@ type ResponseError struct {
 	Err  error
 }
 
+// Error implements error.
 func (e *ResponseError) Error() string { return fmt.Sprintf("response %s: %v", e.Part, e.Err) }
 
 // Unwrap returns the cause.

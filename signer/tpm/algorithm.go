@@ -17,6 +17,7 @@ type UnsupportedKeyError struct {
 	Reason, Hint string
 }
 
+// Error implements error: the algorithm, why, and what to do instead.
 func (e *UnsupportedKeyError) Error() string {
 	return fmt.Sprintf("%v: tpm: %s: %s; %s", signer.ErrUnsupportedAlgorithm, e.Algorithm, e.Reason, e.Hint)
 }
