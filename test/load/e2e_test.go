@@ -35,11 +35,16 @@ func TestAgainstTheDaemon(t *testing.T) {
 	}
 	d := devtest.StartDaemon(t, filepath.Join(bin, "steward-trustd"), "TRUSTD_CERT_DIR="+certs, "TRUSTD_PEER_RATE=-1",
 		"TRUSTD_SIGNER=file:"+filepath.Join(certs, certdir.FileCAKey))
-	for _, key := range []string{"p256", "ed25519"} {
+	for _, extra := range [][]string{
+		{"-key", "p256"},
+		{"-key", "ed25519", "-ramp", "300ms", "-reuse"},
+		{"-spread-sources", "-retry"},
+	} {
 		var out bytes.Buffer
-		code := run([]string{"-addr", d.Addr, "-certs", certs, "-workers", "2", "-requests", "6", "-key", key, "-duration", "1m"}, &out, io.Discard)
+		args := append([]string{"-addr", d.Addr, "-certs", certs, "-workers", "2", "-requests", "6", "-duration", "1m"}, extra...)
+		code := run(args, &out, io.Discard)
 		if code != 0 || !strings.Contains(out.String(), "certificates: 6/6") || !strings.Contains(out.String(), "errors by code: none") {
-			t.Errorf("-key %s: exit %d\n%s\n%s", key, code, out.String(), d.Logs())
+			t.Errorf("%v: exit %d\n%s\n%s", extra, code, out.String(), d.Logs())
 		}
 	}
 	// A worker with a wrong token: counted by gRPC code, and the run fails.

@@ -149,43 +149,67 @@ func runLoad(o options, stdout io.Writer) (*result, error) {
 	defer cancel()
 
 	res := &result{codes: map[codes.Code]int{}}
-	var next atomic.Int64
-	start := time.Now()
+	f := &fleet{o: o, tlsCfg: tlsCfg, token: strings.TrimSpace(string(token)), res: res, stdout: stdout, start: time.Now()}
 	var wg sync.WaitGroup
 	for w := 0; w < o.workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var kept *grpc.ClientConn // with -reuse: this client's connection
-			defer func() {
-				if kept != nil {
-					kept.Close()
-				}
-			}()
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(o.requests) || ctx.Err() != nil {
-					return
-				}
-				if o.ramp > 0 {
-					arrival := start.Add(time.Duration(int64(o.ramp) * i / int64(o.requests)))
-					select {
-					case <-time.After(time.Until(arrival)):
-					case <-ctx.Done():
-						return
-					}
-				}
-				var source netip.Addr
-				if o.sources {
-					source = sourceFor(i)
-				}
-				boot(ctx, o, tlsCfg, source, strings.TrimSpace(string(token)), res, stdout, &kept)
-			}
+			f.client(ctx)
 		}()
 	}
 	wg.Wait()
-	res.elapsed = time.Since(start)
+	res.elapsed = time.Since(f.start)
 	return res, nil
+}
+
+// fleet is the simulated workers of one run: concurrent clients take
+// the next worker boot until o.requests have been taken.
+type fleet struct {
+	o      options
+	tlsCfg *tls.Config
+	token  string
+	res    *result
+	stdout io.Writer
+	start  time.Time
+	next   atomic.Int64
+}
+
+// client is one concurrent client: it boots workers one after another,
+// each at its arrival time when the run has a ramp.
+func (f *fleet) client(ctx context.Context) {
+	var kept *grpc.ClientConn // with -reuse: this client's connection
+	defer func() {
+		if kept != nil {
+			kept.Close()
+		}
+	}()
+	for {
+		i := f.next.Add(1) - 1
+		if i >= int64(f.o.requests) || ctx.Err() != nil || !f.arrive(ctx, i) {
+			return
+		}
+		var source netip.Addr
+		if f.o.sources {
+			source = sourceFor(i)
+		}
+		boot(ctx, f.o, f.tlsCfg, source, f.token, f.res, f.stdout, &kept)
+	}
+}
+
+// arrive waits for worker i's arrival time on the ramp; false if the run
+// ended first.
+func (f *fleet) arrive(ctx context.Context, i int64) bool {
+	if f.o.ramp <= 0 {
+		return true
+	}
+	arrival := f.start.Add(time.Duration(int64(f.o.ramp) * i / int64(f.o.requests)))
+	select {
+	case <-time.After(time.Until(arrival)):
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // boot is one worker obtaining its certificate: a fresh key and CSR, and
