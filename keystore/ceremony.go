@@ -9,6 +9,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"io"
 	"io/fs"
 	"time"
@@ -34,7 +36,7 @@ type PolicyChecker interface {
 }
 
 // Ceremony runs the OS CA key lifecycle operations. Every operation
-// appends a Receipt under DirReceipts.
+// appends a Receipt under certdir.DirReceipts.
 type Ceremony struct {
 	// Keys opens and creates keys by URI.
 	Keys Keys
@@ -143,32 +145,14 @@ func readOptional(d Dir, name string) ([]byte, error) {
 	return b, nil
 }
 
-// TrustBundle returns the CAs the daemon serving d returns in the `ca`
-// field: os-ca.crt followed by accepted-cas.crt, without duplicates.
-func TrustBundle(d Dir) ([]*x509.Certificate, error) {
-	data, err := d.ReadFile(FileCACert)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", d.Path(FileCACert), err)
-	}
-	ca, err := ParseCertificate(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", d.Path(FileCACert), err)
-	}
-	acc, err := readAccepted(d)
-	if err != nil {
-		return nil, err
-	}
-	return dedupe(append([]*x509.Certificate{ca}, acc...)), nil
-}
-
 func readAccepted(d Dir) ([]*x509.Certificate, error) {
-	data, err := readOptional(d, FileAcceptedCAs)
+	data, err := readOptional(d, certdir.FileAcceptedCAs)
 	if err != nil || data == nil {
 		return nil, err
 	}
-	certs, err := ParseCertificates(data)
+	certs, err := pki.ParseCertificates(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", d.Path(FileAcceptedCAs), err)
+		return nil, fmt.Errorf("%s: %w", d.Path(certdir.FileAcceptedCAs), err)
 	}
 	return certs, nil
 }
@@ -214,23 +198,23 @@ func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certifi
 	if cluster == "" {
 		cluster = "talos"
 	}
-	caPEM := EncodeCertificates(ca)
-	content := map[string][]byte{FileCACert: caPEM, FileToken: []byte(token)}
+	caPEM := pki.EncodeCertificates(ca)
+	content := map[string][]byte{certdir.FileCACert: caPEM, certdir.FileToken: []byte(token)}
 	files := []File{
-		{Name: FileCACert, Data: caPEM, Mode: 0o644},
-		{Name: FileToken, Data: []byte(token), Mode: 0o600},
+		{Name: certdir.FileCACert, Data: caPEM, Mode: 0o644},
+		{Name: certdir.FileToken, Data: []byte(token), Mode: 0o600},
 	}
 	if len(accepted) > 0 {
-		acc := EncodeCertificates(accepted...)
-		content[FileAcceptedCAs] = acc
-		files = append(files, File{Name: FileAcceptedCAs, Data: acc, Mode: 0o644})
+		acc := pki.EncodeCertificates(accepted...)
+		content[certdir.FileAcceptedCAs] = acc
+		files = append(files, File{Name: certdir.FileAcceptedCAs, Data: acc, Mode: 0o644})
 	} else {
-		files = append(files, File{Name: FileAcceptedCAs, Remove: true})
+		files = append(files, File{Name: certdir.FileAcceptedCAs, Remove: true})
 	}
 	for n, b := range server {
 		content[n] = b
 	}
-	secret, err := KubernetesSecret(cluster, content)
+	secret, err := certdir.KubernetesSecret(cluster, content)
 	if err != nil {
 		return nil, err
 	}
@@ -239,8 +223,8 @@ func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certifi
 		return nil, err
 	}
 	return append(files,
-		File{Name: FileWorkerPatch, Data: patch, Mode: 0o600},
-		File{Name: FileKubernetesSecret, Data: secret, Mode: 0o600},
+		File{Name: certdir.FileWorkerPatch, Data: patch, Mode: 0o600},
+		File{Name: certdir.FileKubernetesSecret, Data: secret, Mode: 0o600},
 	), nil
 }
 
@@ -256,7 +240,7 @@ func paths(d Dir, files []File) []string {
 }
 
 func certReceipt(r *Receipt, c *x509.Certificate) {
-	r.CertificateFingerprint = CertFingerprint(c)
+	r.CertificateFingerprint = pki.CertFingerprint(c)
 	r.CertificateSubject = c.Subject.String()
 	r.CertificateSerial = c.SerialNumber.Text(16)
 	r.CertificateNotAfter = c.NotAfter.UTC()
@@ -284,7 +268,7 @@ func VerifyDeviceSignature(s crypto.Signer, pub crypto.PublicKey, r io.Reader) e
 	if err != nil {
 		return fmt.Errorf("sign a test message on the device: %w", err)
 	}
-	if err := verifySignature(pub, msg, sig); err != nil {
+	if err := pki.VerifySignature(pub, msg, sig); err != nil {
 		return fmt.Errorf("the device's test signature does not verify with the certificate's key: %w", err)
 	}
 	return nil

@@ -3,7 +3,6 @@ package keystore_test
 import (
 	"bytes"
 	"context"
-	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -22,39 +21,25 @@ import (
 
 	"go.yaml.in/yaml/v4"
 
+	"github.com/steward-trustd/steward-trustd/internal/apidtest"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/doctor"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
-	"github.com/steward-trustd/steward-trustd/keystore/apidtest"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
 )
 
 var testNow = time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
 
 func newCeremony(t *testing.T) *keystore.Ceremony {
 	t.Helper()
-	reg, err := signer.NewRegistry(&file.Backend{}, refusingBackend{})
+	reg, err := signer.NewRegistry(&file.Backend{}, &tpm.Backend{}) // tpm: refuses Ed25519 before it opens a device
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &keystore.Ceremony{Keys: reg, Clock: func() time.Time { return testNow }, Rand: rand.Reader, Version: "test"}
-}
-
-// refusingBackend (scheme "refuse") holds no keys and refuses every
-// algorithm, as a TPM refuses Ed25519.
-type refusingBackend struct{}
-
-func (refusingBackend) Scheme() string { return "refuse" }
-
-func (refusingBackend) Open(context.Context, string) (signer.Signer, error) {
-	return nil, signer.ErrKeyNotFound
-}
-
-func (refusingBackend) Generate(context.Context, string, signer.Algorithm) (signer.Signer, error) {
-	return nil, signer.ErrUnsupportedAlgorithm
-}
-
-func (refusingBackend) Import(context.Context, string, crypto.Signer) (signer.Signer, error) {
-	return nil, signer.ErrUnsupportedAlgorithm
 }
 
 // failDir fails writes of one file name.
@@ -120,7 +105,7 @@ func TestInit(t *testing.T) {
 	root := t.TempDir()
 	uri, d := initCA(t, c, root)
 
-	ca, err := keystore.ParseCertificate(readFile(t, d.Path(keystore.FileCACert)))
+	ca, err := pki.ParseCertificate(readFile(t, d.Path(certdir.FileCACert)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,12 +116,12 @@ func TestInit(t *testing.T) {
 	if err := ca.CheckSignatureFrom(ca); err != nil {
 		t.Errorf("self-signature: %v", err)
 	}
-	token := string(readFile(t, d.Path(keystore.FileToken)))
+	token := string(readFile(t, d.Path(certdir.FileToken)))
 	if len(token) != 64 {
 		t.Errorf("token %d chars", len(token))
 	}
 	for name, mode := range map[string]fs.FileMode{
-		keystore.FileCACert: 0o644, keystore.FileToken: 0o600, keystore.FileWorkerPatch: 0o600, keystore.FileKubernetesSecret: 0o600,
+		certdir.FileCACert: 0o644, certdir.FileToken: 0o600, certdir.FileWorkerPatch: 0o600, certdir.FileKubernetesSecret: 0o600,
 	} {
 		st, err := os.Stat(d.Path(name))
 		if err != nil {
@@ -147,7 +132,7 @@ func TestInit(t *testing.T) {
 		}
 	}
 	// The worker patch parses with Talos's own machine config types.
-	patch, err := keystore.ParseWorkerConfig(readFile(t, d.Path(keystore.FileWorkerPatch)))
+	patch, err := doctor.ParseWorkerConfig(readFile(t, d.Path(certdir.FileWorkerPatch)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +146,7 @@ func TestInit(t *testing.T) {
 		t.Error("patch has acceptedCAs outside a rotation")
 	}
 	// The secret holds no private key.
-	sec := string(readFile(t, d.Path(keystore.FileKubernetesSecret)))
+	sec := string(readFile(t, d.Path(certdir.FileKubernetesSecret)))
 	for _, s := range []string{"os-ca.key", base64.StdEncoding.EncodeToString([]byte("PRIVATE KEY"))[:12]} {
 		if strings.Contains(sec, s) {
 			t.Errorf("kubernetes secret mentions %q", s)
@@ -205,12 +190,12 @@ func TestInitResumesAfterFailure(t *testing.T) {
 	root := t.TempDir()
 	uri := file.URI(filepath.Join(root, "ca.key"))
 	d := keystore.OSDir{Root: filepath.Join(root, "ceremony")}
-	_, err := c.Init(context.Background(), failDir{OSDir: d, failOn: keystore.FileKubernetesSecret}, keystore.InitOptions{SignerURI: uri, Cluster: "prod"})
+	_, err := c.Init(context.Background(), failDir{OSDir: d, failOn: certdir.FileKubernetesSecret}, keystore.InitOptions{SignerURI: uri, Cluster: "prod"})
 	if err == nil {
 		t.Fatal("init succeeded despite the injected failure")
 	}
 	// Nothing half-written: only the key and its receipt exist.
-	for _, n := range []string{keystore.FileCACert, keystore.FileToken, keystore.FileWorkerPatch} {
+	for _, n := range []string{certdir.FileCACert, certdir.FileToken, certdir.FileWorkerPatch} {
 		if ok, _ := d.Exists(n); ok {
 			t.Errorf("%s left behind after a failed init", n)
 		}
@@ -229,12 +214,12 @@ func TestInitResumesAfterFailure(t *testing.T) {
 	if !bytes.Equal(keyBefore, readFile(t, filepath.Join(root, "ca.key"))) {
 		t.Error("a second key was created")
 	}
-	ca, err := keystore.ParseCertificate(readFile(t, d.Path(keystore.FileCACert)))
+	ca, err := pki.ParseCertificate(readFile(t, d.Path(certdir.FileCACert)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	k, _ := file.ParsePrivateKeyPEM(keyBefore)
-	if !keystore.KeyMatchesCert(k.Public(), ca) {
+	if !pki.KeyMatchesCert(k.Public(), ca) {
 		t.Error("resumed CA is not for the first key")
 	}
 }
@@ -288,7 +273,7 @@ func TestInitRefusals(t *testing.T) {
 
 func issueClient(t *testing.T, c *keystore.Ceremony, uri string, caPath string, trust []*x509.Certificate, roles []string, out string) []byte {
 	t.Helper()
-	ca, err := keystore.ParseCertificate(readFile(t, caPath))
+	ca, err := pki.ParseCertificate(readFile(t, caPath))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +293,7 @@ func issueClient(t *testing.T, c *keystore.Ceremony, uri string, caPath string, 
 // CAs are the bundle the daemon returns for d.
 func apid(t *testing.T, c *keystore.Ceremony, uri string, d keystore.Dir) *apidtest.Server {
 	t.Helper()
-	ca, err := keystore.ParseCertificate(readFile(t, d.Path(keystore.FileCACert)))
+	ca, err := pki.ParseCertificate(readFile(t, d.Path(certdir.FileCACert)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,11 +303,11 @@ func apid(t *testing.T, c *keystore.Ceremony, uri string, d keystore.Dir) *apidt
 	}
 	defer s.Close()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leaf, err := keystore.NewServingCertificate(ca, s, key.Public(), []string{"127.0.0.1"}, time.Hour, time.Now(), rand.Reader)
+	leaf, err := pki.NewServingCertificate(ca, s, key.Public(), []string{"127.0.0.1"}, time.Hour, time.Now(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bundle, err := keystore.TrustBundle(d)
+	bundle, err := trustBundle(d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +326,7 @@ func TestTalosconfigAndSignCSR(t *testing.T) {
 	uri, d := initCA(t, c, root)
 	srv := apid(t, c, uri, d)
 
-	tc := issueClient(t, c, uri, d.Path(keystore.FileCACert), nil, []string{"os:reader", "os:operator"}, filepath.Join(root, "talosconfig"))
+	tc := issueClient(t, c, uri, d.Path(certdir.FileCACert), nil, []string{"os:reader", "os:operator"}, filepath.Join(root, "talosconfig"))
 	if st, _ := os.Stat(filepath.Join(root, "talosconfig")); st.Mode().Perm() != 0o600 {
 		t.Errorf("talosconfig mode %04o", st.Mode().Perm())
 	}
@@ -362,7 +347,7 @@ func TestTalosconfigAndSignCSR(t *testing.T) {
 		t.Fatal(err)
 	}
 	csrPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER})
-	ca, _ := keystore.ParseCertificate(readFile(t, d.Path(keystore.FileCACert)))
+	ca, _ := pki.ParseCertificate(readFile(t, d.Path(certdir.FileCACert)))
 	out := keystore.Target{Dir: keystore.OSDir{Root: root}, Name: "alice.crt"}
 	tests := []struct {
 		name    string
@@ -374,7 +359,7 @@ func TestTalosconfigAndSignCSR(t *testing.T) {
 		{"empty roles", nil, csrPEM, "no role"},
 		{"impersonator", []string{"os:impersonator"}, csrPEM, "proxies only"},
 		{"bad signature", []string{"os:admin"}, corrupt(csrPEM), "signature"},
-		{"not a CSR", []string{"os:admin"}, readFile(t, d.Path(keystore.FileCACert)), "CERTIFICATE REQUEST"},
+		{"not a CSR", []string{"os:admin"}, readFile(t, d.Path(certdir.FileCACert)), "CERTIFICATE REQUEST"},
 		{"ok", []string{"os:admin"}, csrPEM, ""},
 	}
 	for _, tt := range tests {
@@ -417,7 +402,7 @@ func TestServerCert(t *testing.T) {
 	c := newCeremony(t)
 	root := t.TempDir()
 	uri, d := initCA(t, c, root)
-	ca, _ := keystore.ParseCertificate(readFile(t, d.Path(keystore.FileCACert)))
+	ca, _ := pki.ParseCertificate(readFile(t, d.Path(certdir.FileCACert)))
 	opts := keystore.ServerCertOptions{SignerURI: uri, CA: ca, Hosts: []string{"10.0.0.5", "api.prod.example"}, Out: d}
 	cert, _, err := c.ServerCert(context.Background(), d, opts)
 	if err != nil {
@@ -451,10 +436,10 @@ func TestRotation(t *testing.T) {
 	root := t.TempDir()
 	oldURI, d := initCA(t, c, root)
 	newURI := file.URI(filepath.Join(root, "new.key"))
-	if _, _, err := c.ServerCert(ctx, d, keystore.ServerCertOptions{SignerURI: oldURI, CA: mustCA(t, d, keystore.FileCACert), Hosts: []string{"127.0.0.1"}, Out: d}); err != nil {
+	if _, _, err := c.ServerCert(ctx, d, keystore.ServerCertOptions{SignerURI: oldURI, CA: mustCA(t, d, certdir.FileCACert), Hosts: []string{"127.0.0.1"}, Out: d}); err != nil {
 		t.Fatal(err)
 	}
-	oldClient := issueClient(t, c, oldURI, d.Path(keystore.FileCACert), nil, []string{"os:admin"}, filepath.Join(root, "old.talosconfig"))
+	oldClient := issueClient(t, c, oldURI, d.Path(certdir.FileCACert), nil, []string{"os:admin"}, filepath.Join(root, "old.talosconfig"))
 
 	if _, err := c.RotateFinish(ctx, d, keystore.RotateFinishOptions{NewSignerURI: newURI}); !errors.Is(err, keystore.ErrNoRotation) {
 		t.Fatalf("finish before start: %v", err)
@@ -470,20 +455,20 @@ func TestRotation(t *testing.T) {
 	if len(res.Resumed) != 2 || !res.AlreadyDone {
 		t.Errorf("rotate re-run resumed %v, already done %v", res.Resumed, res.AlreadyDone)
 	}
-	oldCA, next := mustCA(t, d, keystore.FileCACert), mustCA(t, d, keystore.FileNextCACert)
-	bundle, err := keystore.TrustBundle(d)
+	oldCA, next := mustCA(t, d, certdir.FileCACert), mustCA(t, d, certdir.FileNextCACert)
+	bundle, err := trustBundle(d)
 	if err != nil || len(bundle) != 2 {
 		t.Fatalf("bundle during rotation: %d CAs (%v)", len(bundle), err)
 	}
-	patch, err := keystore.ParseWorkerConfig(readFile(t, d.Path(keystore.FileWorkerPatch)))
+	patch, err := doctor.ParseWorkerConfig(readFile(t, d.Path(certdir.FileWorkerPatch)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(patch.AcceptedCAs) != 1 || !patch.AcceptedCAs[0].Equal(next) || !patch.CA.Equal(oldCA) {
 		t.Error("rotation worker patch: want machine.ca = old, acceptedCAs = [new]")
 	}
-	trust, _ := keystore.TrustBundle(d)
-	newClient := issueClient(t, c, newURI, d.Path(keystore.FileNextCACert), append(trust, next), []string{"os:admin"}, filepath.Join(root, "new.talosconfig"))
+	trust, _ := trustBundle(d)
+	newClient := issueClient(t, c, newURI, d.Path(certdir.FileNextCACert), append(trust, next), []string{"os:admin"}, filepath.Join(root, "new.talosconfig"))
 
 	during := apid(t, c, oldURI, d)
 	for name, tc := range map[string][]byte{"old": oldClient, "new": newClient} {
@@ -498,16 +483,16 @@ func TestRotation(t *testing.T) {
 	if _, err := c.RotateFinish(ctx, d, keystore.RotateFinishOptions{NewSignerURI: newURI}); err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := d.Exists(keystore.FileNextCACert); ok {
+	if ok, _ := d.Exists(certdir.FileNextCACert); ok {
 		t.Error("os-ca.next.crt left after finish")
 	}
-	if ok, _ := d.Exists(keystore.FileAcceptedCAs); ok {
+	if ok, _ := d.Exists(certdir.FileAcceptedCAs); ok {
 		t.Error("accepted-cas.crt left after finish")
 	}
-	if !mustCA(t, d, keystore.FileCACert).Equal(next) {
+	if !mustCA(t, d, certdir.FileCACert).Equal(next) {
 		t.Error("os-ca.crt is not the new CA")
 	}
-	srv := mustCA(t, d, keystore.FileServerCert)
+	srv := mustCA(t, d, certdir.FileServerCert)
 	if err := srv.CheckSignatureFrom(next); err != nil {
 		t.Errorf("server.crt not re-issued by the new CA: %v", err)
 	}
@@ -529,7 +514,7 @@ func mustCA(t *testing.T, d keystore.Dir, name string) *x509.Certificate {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := keystore.ParseCertificate(b)
+	c, err := pki.ParseCertificate(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -540,7 +525,7 @@ func TestStatus(t *testing.T) {
 	c := newCeremony(t)
 	root := t.TempDir()
 	uri, d := initCA(t, c, root)
-	st, err := c.Status(context.Background(), uri, mustCA(t, d, keystore.FileCACert), d)
+	st, err := c.Status(context.Background(), uri, mustCA(t, d, certdir.FileCACert), d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -552,7 +537,7 @@ func TestStatus(t *testing.T) {
 	if _, err := (&file.Backend{}).Generate(context.Background(), other, signer.ECDSAP256); err != nil {
 		t.Fatal(err)
 	}
-	st, err = c.Status(context.Background(), other, mustCA(t, d, keystore.FileCACert), nil)
+	st, err = c.Status(context.Background(), other, mustCA(t, d, certdir.FileCACert), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -565,16 +550,16 @@ func TestServerCertUpdatesSecret(t *testing.T) {
 	c := newCeremony(t)
 	root := t.TempDir()
 	uri, d := initCA(t, c, root)
-	if _, _, err := c.ServerCert(context.Background(), d, keystore.ServerCertOptions{SignerURI: uri, CA: mustCA(t, d, keystore.FileCACert), Hosts: []string{"127.0.0.1"}, Out: d}); err != nil {
+	if _, _, err := c.ServerCert(context.Background(), d, keystore.ServerCertOptions{SignerURI: uri, CA: mustCA(t, d, certdir.FileCACert), Hosts: []string{"127.0.0.1"}, Out: d}); err != nil {
 		t.Fatal(err)
 	}
 	var sec struct {
 		Data map[string]string `yaml:"data"`
 	}
-	if err := yaml.Unmarshal(readFile(t, d.Path(keystore.FileKubernetesSecret)), &sec); err != nil {
+	if err := yaml.Unmarshal(readFile(t, d.Path(certdir.FileKubernetesSecret)), &sec); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []string{keystore.FileCACert, keystore.FileToken, keystore.FileServerCert, keystore.FileServerKey} {
+	for _, n := range []string{certdir.FileCACert, certdir.FileToken, certdir.FileServerCert, certdir.FileServerKey} {
 		got, err := base64.StdEncoding.DecodeString(sec.Data[n])
 		if err != nil || !bytes.Equal(got, readFile(t, d.Path(n))) {
 			t.Errorf("secret %s does not match the file (%v)", n, err)
@@ -583,4 +568,10 @@ func TestServerCertUpdatesSecret(t *testing.T) {
 	if len(sec.Data) != 4 {
 		t.Errorf("secret keys %d, want 4", len(sec.Data))
 	}
+}
+
+// trustBundle is the `ca` bundle the daemon serving d returns.
+func trustBundle(d keystore.Dir) ([]*x509.Certificate, error) {
+	_, bundle, err := certdir.ReadBundle(d)
+	return bundle, err
 }

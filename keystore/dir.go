@@ -3,6 +3,7 @@ package keystore
 import (
 	"errors"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -265,7 +266,7 @@ func WritePlaced(files []Placed) error {
 // stepName names the crash point after writing name; receipts share
 // one name, since theirs differ in every run.
 func stepName(name string) string {
-	if strings.HasPrefix(name, DirReceipts+"/") {
+	if strings.HasPrefix(name, certdir.DirReceipts+"/") {
 		return "a receipt"
 	}
 	return name

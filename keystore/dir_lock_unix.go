@@ -5,6 +5,7 @@ package keystore
 import (
 	"errors"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"os"
 	"syscall"
 
@@ -31,7 +32,7 @@ func (d OSDir) Lock() (unlock func(), removed []string, err error) {
 		return nil, nil, fmt.Errorf("lock %s: %w", d.Root, err)
 	}
 	unlock = func() { f.Close() }
-	for _, sub := range []string{d.Root, d.Path(DirReceipts)} {
+	for _, sub := range []string{d.Root, d.Path(certdir.DirReceipts)} {
 		r, err := atomicfile.RemoveStaleTemps(sub)
 		removed = append(removed, r...)
 		if err != nil {

@@ -3,11 +3,12 @@ package keystore
 import (
 	"context"
 	"crypto"
-	"crypto/ed25519"
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"strings"
 	"time"
 
@@ -34,7 +35,7 @@ func ParseImportFiles(keyPEM, certPEM []byte) (*ImportSource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CA key: %w", err)
 	}
-	cert, err := ParseCertificate(certPEM)
+	cert, err := pki.ParseCertificate(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("CA certificate: %w", err)
 	}
@@ -95,11 +96,6 @@ type ImportOptions struct {
 	Force bool
 }
 
-// ErrEd25519TPM explains why an Ed25519 CA cannot go into a TPM.
-var ErrEd25519TPM = errors.New("a TPM 2.0 cannot hold Ed25519 keys (Talos's default OS CA algorithm); " +
-	"either create a new ECDSA CA on the TPM with `init --algorithm p256` and roll it out with `rotate`, " +
-	"or import this key into a PKCS#11 HSM that supports EdDSA (CKM_EDDSA)")
-
 // Import checks that the certificate matches the key and is a CA, puts the
 // key into the device (non-extractable where the backend can enforce it),
 // verifies it by signing on the device, and writes the cluster files and
@@ -129,7 +125,7 @@ func (c *Ceremony) Import(ctx context.Context, d Dir, o ImportOptions) (*Outcome
 	if err := VerifyDeviceSignature(s, o.Source.Cert.PublicKey, c.Rand); err != nil {
 		return nil, fmt.Errorf("import: %w", err)
 	}
-	token, err := NewToken(c.Rand)
+	token, err := certdir.NewToken(c.Rand)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +142,7 @@ func (o *ImportOptions) check() (string, error) {
 	if src == nil || src.Key == nil || src.Cert == nil {
 		return "", errors.New("import: a CA key and certificate are required")
 	}
-	if !KeyMatchesCert(src.Key.Public(), src.Cert) {
+	if !pki.KeyMatchesCert(src.Key.Public(), src.Cert) {
 		return "", fmt.Errorf("import: %w: the certificate's public key is not the key's, they are not a pair", ErrKeyMismatch)
 	}
 	if !src.Cert.IsCA || src.Cert.KeyUsage&x509.KeyUsageCertSign == 0 {
@@ -162,7 +158,7 @@ func importTargetFree(st *state, o ImportOptions) error {
 	case o.Force || (st.ca != nil && st.ca.Equal(o.Source.Cert)):
 		return nil
 	case st.ca != nil || st.caErr != nil:
-		return fmt.Errorf("%w: %s holds another CA", ErrExists, st.dir.Path(FileCACert))
+		return fmt.Errorf("%w: %s holds another CA", ErrExists, st.dir.Path(certdir.FileCACert))
 	case st.has(initOutputs...):
 		var present []File
 		for _, n := range initOutputs {
@@ -183,10 +179,6 @@ func (c *Ceremony) importKey(ctx context.Context, st *state, o ImportOptions, fp
 		return s, nil, nil
 	case errors.Is(err, signer.ErrKeyExists):
 		return c.importedEarlier(ctx, st, o.SignerURI, fp)
-	case errors.Is(err, signer.ErrUnsupportedAlgorithm):
-		if _, ok := o.Source.Key.Public().(ed25519.PublicKey); ok {
-			return nil, nil, fmt.Errorf("%w: %w", err, ErrEd25519TPM)
-		}
 	}
 	return nil, nil, err
 }
@@ -200,7 +192,7 @@ func (c *Ceremony) importedEarlier(ctx context.Context, st *state, uri, fp strin
 	desc := s.Describe()
 	if desc.Fingerprint != fp {
 		s.Close()
-		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(DirReceipts)}
+		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}
 	}
 	return s, []string{"the key was already on the device (" + desc.Location + ")"}, nil
 }
@@ -221,11 +213,11 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	token := src.Token
 	if token == "" && resuming && st.token != "" {
 		token = st.token
-		p.resumed = append(p.resumed, st.dir.Path(FileToken)+" kept")
+		p.resumed = append(p.resumed, st.dir.Path(certdir.FileToken)+" kept")
 	}
 	if token == "" {
 		token = r.newToken
-		p.notes = append(p.notes, "a new worker token was generated: existing workers keep theirs until their machine config is patched with "+st.dir.Path(FileWorkerPatch)+" (import from --talos-secrets to keep the cluster's token)")
+		p.notes = append(p.notes, "a new worker token was generated: existing workers keep theirs until their machine config is patched with "+st.dir.Path(certdir.FileWorkerPatch)+" (import from --talos-secrets to keep the cluster's token)")
 	}
 	cluster := o.Cluster
 	if cluster == "" {
@@ -235,7 +227,7 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if resuming && !o.Force && st.matches(files) && st.receipt("import", r.key.Fingerprint, CertFingerprint(src.Cert)) != nil {
+	if resuming && !o.Force && st.matches(files) && st.receipt("import", r.key.Fingerprint, pki.CertFingerprint(src.Cert)) != nil {
 		p.alreadyDone, p.notes = true, []string{destroySourceNote}
 		return p, nil
 	}

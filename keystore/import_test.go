@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
@@ -39,7 +41,7 @@ func TestParseTalosSecrets(t *testing.T) {
 	if _, ok := src.Key.(ed25519.PrivateKey); !ok {
 		t.Errorf("Talos's OS CA key is %T, want Ed25519", src.Key)
 	}
-	if !keystore.KeyMatchesCert(src.Key.Public(), src.Cert) {
+	if !pki.KeyMatchesCert(src.Key.Public(), src.Cert) {
 		t.Error("key and certificate do not match")
 	}
 	for _, bad := range []string{"", "certs: {}", "certs: {os: {crt: '!!', key: 'eA=='}}", "- a list"} {
@@ -65,9 +67,9 @@ func TestImport(t *testing.T) {
 		var key, crt []byte
 		for _, f := range files {
 			switch f.Name {
-			case keystore.FileCAKey:
+			case certdir.FileCAKey:
 				key = f.Data
-			case keystore.FileCACert:
+			case certdir.FileCACert:
 				crt = f.Data
 			}
 		}
@@ -82,9 +84,9 @@ func TestImport(t *testing.T) {
 	var leafKey, leafCrt []byte
 	for _, f := range server {
 		switch f.Name {
-		case keystore.FileServerKey:
+		case certdir.FileServerKey:
 			leafKey = f.Data
-		case keystore.FileServerCert:
+		case certdir.FileServerCert:
 			leafCrt = f.Data
 		}
 	}
@@ -105,9 +107,9 @@ func TestImport(t *testing.T) {
 		{"talos secrets keep the token", fileURI, talosSrc, nil, "", clusterToken},
 		{"mismatched pair", fileURI, &keystore.ImportSource{Key: p256.Key, Cert: other.Cert}, nil, "not a pair", ""},
 		{"not a CA", fileURI, leaf, nil, "not a CA certificate", ""},
-		// The backend's refusal (a TPM's, in production) is passed on with
-		// the way out; the hint text itself is the backend's business.
-		{"ed25519 refused by the backend", func(string) string { return "refuse:ca" }, talosSrc, signer.ErrUnsupportedAlgorithm, "", ""},
+		// The TPM backend refuses Ed25519 itself, with the way out, before
+		// it opens a device.
+		{"ed25519 into a TPM", func(string) string { return "tpm:path=/nonexistent/ca.tpmkey" }, talosSrc, signer.ErrUnsupportedAlgorithm, "PKCS#11 HSM that supports CKM_EDDSA", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -135,10 +137,10 @@ func TestImport(t *testing.T) {
 				t.Fatal(err)
 			}
 			s.Close()
-			if !mustCA(t, d, keystore.FileCACert).Equal(tt.src.Cert) {
+			if !mustCA(t, d, certdir.FileCACert).Equal(tt.src.Cert) {
 				t.Error("os-ca.crt is not the imported CA")
 			}
-			tok, _ := os.ReadFile(d.Path(keystore.FileToken))
+			tok, _ := os.ReadFile(d.Path(certdir.FileToken))
 			if tt.token != "" && string(tok) != tt.token {
 				t.Errorf("token %q, want the cluster's %q", tok, tt.token)
 			}

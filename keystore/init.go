@@ -6,6 +6,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"time"
 
 	"github.com/steward-trustd/steward-trustd/signer"
@@ -19,7 +21,7 @@ type InitOptions struct {
 	Cluster string
 	// Organization is the CA subject's O; empty means "talos".
 	Organization string
-	// Validity of the CA; zero means DefaultCAValidity.
+	// Validity of the CA; zero means pki.DefaultCAValidity.
 	Validity time.Duration
 	// Algorithm of the new key; empty means signer.ECDSAP256.
 	Algorithm signer.Algorithm
@@ -28,7 +30,7 @@ type InitOptions struct {
 }
 
 // initOutputs are the files init writes besides its receipt.
-var initOutputs = []string{FileCACert, FileToken, FileWorkerPatch, FileKubernetesSecret}
+var initOutputs = []string{certdir.FileCACert, certdir.FileToken, certdir.FileWorkerPatch, certdir.FileKubernetesSecret}
 
 // Init creates the OS CA key on the device, self-signs the CA certificate
 // through it (the signature is verified) and writes os-ca.crt, token,
@@ -61,7 +63,7 @@ func (c *Ceremony) Init(ctx context.Context, d Dir, o InitOptions) (*Outcome, er
 			return nil, fmt.Errorf("init: %w", err)
 		}
 	}
-	token, err := NewToken(c.Rand)
+	token, err := certdir.NewToken(c.Rand)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +102,7 @@ func (c *Ceremony) initKey(ctx context.Context, st *state, o InitOptions) (signe
 // reusableCA returns os-ca.crt if it is the CA of pub (an earlier run
 // issued it).
 func reusableCA(st *state, pub crypto.PublicKey) *x509.Certificate {
-	if st.ca != nil && KeyMatchesCert(pub, st.ca) {
+	if st.ca != nil && pki.KeyMatchesCert(pub, st.ca) {
 		return st.ca
 	}
 	return nil
@@ -110,9 +112,9 @@ func reusableCA(st *state, pub crypto.PublicKey) *x509.Certificate {
 // another CA and --force was not given.
 func (c *Ceremony) initCA(st *state, key signer.Signer, o InitOptions) (*x509.Certificate, error) {
 	if !o.Force && (st.ca != nil || st.caErr != nil) {
-		return nil, fmt.Errorf("%w: %s holds a CA that is not the key's; remove it or pass --force", ErrExists, st.dir.Path(FileCACert))
+		return nil, fmt.Errorf("%w: %s holds a CA that is not the key's; remove it or pass --force", ErrExists, st.dir.Path(certdir.FileCACert))
 	}
-	ca, err := NewCACertificate(key, CAOptions{Cluster: o.Cluster, Organization: o.Organization, Validity: o.Validity}, c.now(), c.Rand)
+	ca, err := pki.NewCACertificate(key, pki.CAOptions{Cluster: o.Cluster, Organization: o.Organization, Validity: o.Validity}, c.now(), c.Rand)
 	if err != nil {
 		return nil, fmt.Errorf("self-sign the CA through the device: %w", err)
 	}
@@ -138,18 +140,18 @@ func planInit(st *state, o InitOptions, r initResults) (*plan, error) {
 	keptCA := st.ca != nil && st.ca.Equal(r.ca)
 	resuming := len(r.keyResumed) > 0 || keptCA
 	if keptCA {
-		p.resumed = append(p.resumed, st.dir.Path(FileCACert)+" was already issued for this key")
+		p.resumed = append(p.resumed, st.dir.Path(certdir.FileCACert)+" was already issued for this key")
 	}
 	token := r.newToken
 	if resuming && st.token != "" {
 		token = st.token
-		p.resumed = append(p.resumed, st.dir.Path(FileToken)+" kept")
+		p.resumed = append(p.resumed, st.dir.Path(certdir.FileToken)+" kept")
 	}
 	files, err := clusterFiles(o.Cluster, r.ca, nil, token, nil)
 	if err != nil {
 		return nil, err
 	}
-	if resuming && !o.Force && st.matches(files) && st.receipt("init", r.key.Fingerprint, CertFingerprint(r.ca)) != nil {
+	if resuming && !o.Force && st.matches(files) && st.receipt("init", r.key.Fingerprint, pki.CertFingerprint(r.ca)) != nil {
 		p.alreadyDone = true
 		return p, nil
 	}
@@ -160,8 +162,8 @@ func planInit(st *state, o InitOptions, r initResults) (*plan, error) {
 	p.receipt = newReceipt("init", "", time.Time{}, r.key)
 	certReceipt(&p.receipt, r.ca)
 	p.notes = []string{
-		"apply " + st.dir.Path(FileWorkerPatch) + " to every worker's machine config (it holds the token: keep it secret)",
-		"deploy " + st.dir.Path(FileKubernetesSecret) + " and run steward-trustd with TRUSTD_SIGNER set to the signer URI",
+		"apply " + st.dir.Path(certdir.FileWorkerPatch) + " to every worker's machine config (it holds the token: keep it secret)",
+		"deploy " + st.dir.Path(certdir.FileKubernetesSecret) + " and run steward-trustd with TRUSTD_SIGNER set to the signer URI",
 	}
 	return p, nil
 }

@@ -3,9 +3,10 @@ package keystore
 import (
 	"context"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"strings"
 	"time"
 
@@ -35,7 +36,7 @@ func (c *Ceremony) OpenCA(ctx context.Context, uri string, ca *x509.Certificate)
 	if err != nil {
 		return nil, fmt.Errorf("open CA key: %w", err)
 	}
-	if !KeyMatchesCert(s.Public(), ca) {
+	if !pki.KeyMatchesCert(s.Public(), ca) {
 		fp, _ := signer.Fingerprint(ca.PublicKey)
 		s.Close()
 		return nil, fmt.Errorf("%w: the key at the signer URI (fingerprint %s) is not the key of CA %q (fingerprint %s)", ErrKeyMismatch, s.Describe().Fingerprint, ca.Subject, fp)
@@ -67,9 +68,9 @@ type SignCSROptions struct {
 	CA        *x509.Certificate
 	// CSR is the PEM certificate request (its signature is verified).
 	CSR []byte
-	// Roles become the certificate's Organization (see ParseRoles).
+	// Roles become the certificate's Organization (see pki.ParseRoles).
 	Roles []string
-	// Validity; zero means DefaultClientValidity.
+	// Validity; zero means pki.DefaultClientValidity.
 	Validity time.Duration
 	// Out receives the PEM certificate.
 	Out Target
@@ -84,11 +85,11 @@ func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) 
 	if err := c.check(); err != nil {
 		return nil, nil, err
 	}
-	roles, err := ParseRoles(o.Roles)
+	roles, err := pki.ParseRoles(o.Roles)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
-	csr, err := ParseCSR(o.CSR)
+	csr, err := pki.ParseCSR(o.CSR, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
@@ -97,35 +98,19 @@ func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) 
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
 	defer s.Close()
-	cert, err := NewClientCertificate(o.CA, s, csr.PublicKey, csr.Subject.CommonName, roles, o.Validity, c.now(), c.Rand)
+	cert, err := pki.NewClientCertificate(o.CA, s, csr.PublicKey, csr.Subject.CommonName, roles, o.Validity, c.now(), c.Rand)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
 	r := newReceipt("sign-csr", c.Version, c.now(), s.Describe())
 	certReceipt(&r, cert)
 	r.Files = []string{o.Out.Dir.Path(o.Out.Name)}
-	r.Details = map[string]string{"roles": strings.Join(roles, ","), "caFingerprint": CertFingerprint(o.CA)}
-	out := []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}}
+	r.Details = map[string]string{"roles": strings.Join(roles, ","), "caFingerprint": pki.CertFingerprint(o.CA)}
+	out := []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}}
 	if err := c.writeWithReceipt(receipts, r, out); err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
 	return cert, &Outcome{Receipt: r, Written: r.Files}, nil
-}
-
-// ParseCSR parses a PEM certificate request and verifies its signature.
-func ParseCSR(data []byte) (*x509.CertificateRequest, error) {
-	block, _ := pem.Decode(data)
-	if block == nil || (block.Type != "CERTIFICATE REQUEST" && block.Type != "NEW CERTIFICATE REQUEST") {
-		return nil, errors.New("no PEM CERTIFICATE REQUEST block found")
-	}
-	csr, err := x509.ParseCertificateRequest(block.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("parse certificate request: %w", err)
-	}
-	if err := csr.CheckSignature(); err != nil {
-		return nil, fmt.Errorf("certificate request signature: %w", err)
-	}
-	return csr, nil
 }
 
 // TalosconfigOptions configures Talosconfig.
@@ -167,10 +152,10 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	if len(o.Endpoints) == 0 {
 		return nil, errors.New("talosconfig: at least one endpoint is required")
 	}
-	if _, _, err := SplitHosts(o.Endpoints); err != nil {
+	if _, _, err := pki.SplitHosts(o.Endpoints); err != nil {
 		return nil, fmt.Errorf("talosconfig: endpoint: %w", err)
 	}
-	roles, err := ParseRoles(o.Roles)
+	roles, err := pki.ParseRoles(o.Roles)
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
 	}
@@ -183,7 +168,7 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: generate client key: %w", err)
 	}
-	cert, err := NewClientCertificate(o.CA, s, key.Public(), o.CommonName, roles, o.Validity, c.now(), c.Rand)
+	cert, err := pki.NewClientCertificate(o.CA, s, key.Public(), o.CommonName, roles, o.Validity, c.now(), c.Rand)
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
 	}
@@ -195,8 +180,8 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	if len(trust) == 0 {
 		trust = []*x509.Certificate{o.CA}
 	}
-	cfg := clientconfig.NewConfig(o.Context, o.Endpoints, EncodeCertificates(dedupe(trust)...),
-		&talosx509.PEMEncodedCertificateAndKey{Crt: EncodeCertificates(cert), Key: keyPEM})
+	cfg := clientconfig.NewConfig(o.Context, o.Endpoints, pki.EncodeCertificates(dedupe(trust)...),
+		&talosx509.PEMEncodedCertificateAndKey{Crt: pki.EncodeCertificates(cert), Key: keyPEM})
 	nodes := o.Nodes
 	if len(nodes) == 0 {
 		nodes = o.Endpoints
@@ -209,7 +194,7 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	r := newReceipt("talosconfig", c.Version, c.now(), s.Describe())
 	certReceipt(&r, cert)
 	r.Files = []string{o.Out.Dir.Path(o.Out.Name)}
-	r.Details = map[string]string{"roles": strings.Join(roles, ","), "context": o.Context, "endpoints": strings.Join(o.Endpoints, ","), "caFingerprint": CertFingerprint(o.CA)}
+	r.Details = map[string]string{"roles": strings.Join(roles, ","), "context": o.Context, "endpoints": strings.Join(o.Endpoints, ","), "caFingerprint": pki.CertFingerprint(o.CA)}
 	out := []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o600}, Overwrite: o.Force}}
 	if err := c.writeWithReceipt(receipts, r, out); err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
@@ -224,7 +209,7 @@ type ServerCertOptions struct {
 	CA        *x509.Certificate
 	// Hosts are the IP addresses and DNS names workers dial.
 	Hosts []string
-	// Validity; zero means DefaultServingValidity.
+	// Validity; zero means pki.DefaultServingValidity.
 	Validity time.Duration
 	// Out is the directory for server.crt and server.key.
 	Out Dir
@@ -241,11 +226,11 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 	if len(o.Hosts) == 0 {
 		return nil, nil, errors.New("server-cert: at least one --san is required")
 	}
-	if _, _, err := SplitHosts(o.Hosts); err != nil {
+	if _, _, err := pki.SplitHosts(o.Hosts); err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
 	if !o.Force {
-		if err := CheckAbsent(o.Out, []File{{Name: FileServerCert}, {Name: FileServerKey}}); err != nil {
+		if err := CheckAbsent(o.Out, []File{{Name: certdir.FileServerCert}, {Name: certdir.FileServerKey}}); err != nil {
 			return nil, nil, fmt.Errorf("server-cert: %w", err)
 		}
 	}
@@ -260,15 +245,15 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 	}
 	r := newReceipt("server-cert", c.Version, c.now(), s.Describe())
 	certReceipt(&r, cert)
-	r.Files = []string{o.Out.Path(FileServerKey), o.Out.Path(FileServerCert)}
-	r.Details = map[string]string{"sans": strings.Join(o.Hosts, ","), "caFingerprint": CertFingerprint(o.CA)}
+	r.Files = []string{o.Out.Path(certdir.FileServerKey), o.Out.Path(certdir.FileServerCert)}
+	r.Details = map[string]string{"sans": strings.Join(o.Hosts, ","), "caFingerprint": pki.CertFingerprint(o.CA)}
 	out := []Placed{
-		{Dir: o.Out, File: File{Name: FileServerKey, Data: keyPEM, Mode: 0o600}, Overwrite: o.Force},
-		{Dir: o.Out, File: File{Name: FileServerCert, Data: EncodeCertificates(cert), Mode: 0o600}, Overwrite: o.Force},
+		{Dir: o.Out, File: File{Name: certdir.FileServerKey, Data: keyPEM, Mode: 0o600}, Overwrite: o.Force},
+		{Dir: o.Out, File: File{Name: certdir.FileServerCert, Data: pki.EncodeCertificates(cert), Mode: 0o600}, Overwrite: o.Force},
 	}
 	// In a ceremony directory the Secret manifest is the daemon's cert
 	// dir: keep it in step with the new serving certificate.
-	secret, err := refreshedSecret(o.Out, o.CA, map[string][]byte{FileServerKey: keyPEM, FileServerCert: EncodeCertificates(cert)})
+	secret, err := refreshedSecret(o.Out, o.CA, map[string][]byte{certdir.FileServerKey: keyPEM, certdir.FileServerCert: pki.EncodeCertificates(cert)})
 	if err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
@@ -298,16 +283,16 @@ func planSecret(st *state, ca *x509.Certificate, extra map[string][]byte) (*File
 	if st.ca == nil || !st.ca.Equal(ca) || st.token == "" {
 		return nil, nil
 	}
-	content := map[string][]byte{FileCACert: st.files[FileCACert], FileToken: st.files[FileToken]}
-	if acc, ok := st.files[FileAcceptedCAs]; ok {
-		content[FileAcceptedCAs] = acc
+	content := map[string][]byte{certdir.FileCACert: st.files[certdir.FileCACert], certdir.FileToken: st.files[certdir.FileToken]}
+	if acc, ok := st.files[certdir.FileAcceptedCAs]; ok {
+		content[certdir.FileAcceptedCAs] = acc
 	}
 	for n, b := range extra {
 		content[n] = b
 	}
-	data, err := KubernetesSecret(secretCluster(ca), content)
+	data, err := certdir.KubernetesSecret(secretCluster(ca), content)
 	if err != nil {
 		return nil, err
 	}
-	return &File{Name: FileKubernetesSecret, Data: data, Mode: 0o600}, nil
+	return &File{Name: certdir.FileKubernetesSecret, Data: data, Mode: 0o600}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"path"
 	"strings"
 	"time"
@@ -32,9 +33,9 @@ type intent struct {
 	ToolVersion string           `json:"toolVersion"`
 }
 
-// intentName is the intent record of op, under DirReceipts (not a
+// intentName is the intent record of op, under certdir.DirReceipts (not a
 // receipt: receipts end in .json).
-func intentName(op string) string { return path.Join(DirReceipts, op+".intent") }
+func intentName(op string) string { return path.Join(certdir.DirReceipts, op+".intent") }
 
 // keyAddress is uri without its query (RFC 3986 §3.4).
 func keyAddress(uri string) string {
@@ -113,7 +114,7 @@ func (c *Ceremony) claimExisting(st *state, req keyRequest, s signer.Signer) (si
 		resumed = fmt.Sprintf("key %s (%s) was created by a run interrupted before recording it; recorded now", desc.Fingerprint, desc.Location)
 	default:
 		s.Close()
-		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(DirReceipts)}
+		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}
 	}
 	if !sameAlgorithm(desc, req.alg) {
 		s.Close()
@@ -188,7 +189,7 @@ func (c *Ceremony) recordKey(st *state, op string, s signer.Signer, in *intent) 
 // the key.
 func (c *Ceremony) dropIntent(st *state, op string) error {
 	if err := st.dir.Remove(intentName(op)); err != nil {
-		return fmt.Errorf("the key is recorded in %s, but its intent record could not be removed: %w; remove %s", st.dir.Path(DirReceipts), err, st.dir.Path(intentName(op)))
+		return fmt.Errorf("the key is recorded in %s, but its intent record could not be removed: %w; remove %s", st.dir.Path(certdir.DirReceipts), err, st.dir.Path(intentName(op)))
 	}
 	delete(st.intents, op)
 	c.step(op + " intent removed")

@@ -3,6 +3,8 @@ package keystore
 import (
 	"crypto/rand"
 	"errors"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"testing"
 	"time"
 
@@ -19,13 +21,13 @@ func testCA(t *testing.T) (*signer.Description, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := NewCACertificate(key, CAOptions{Cluster: "plan"}, time.Now(), rand.Reader)
+	ca, err := pki.NewCACertificate(key, pki.CAOptions{Cluster: "plan"}, time.Now(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fp, _ := signer.Fingerprint(key.Public())
 	desc := &signer.Description{Backend: "file", Algorithm: "ECDSA-P256", Fingerprint: fp}
-	return desc, EncodeCertificates(ca)
+	return desc, pki.EncodeCertificates(ca)
 }
 
 func emptyState() *state {
@@ -50,7 +52,7 @@ func withFiles(t *testing.T, files []File, receipts ...Receipt) *state {
 
 func TestPlanInit(t *testing.T) {
 	key, caPEM := testCA(t)
-	ca, err := ParseCertificate(caPEM)
+	ca, err := pki.ParseCertificate(caPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +60,7 @@ func TestPlanInit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	initReceipt := Receipt{Operation: "init", KeyFingerprint: key.Fingerprint, CertificateFingerprint: CertFingerprint(ca)}
+	initReceipt := Receipt{Operation: "init", KeyFingerprint: key.Fingerprint, CertificateFingerprint: pki.CertFingerprint(ca)}
 	resumedKey := []string{"key was created by an earlier run"}
 	tests := []struct {
 		name      string
@@ -91,10 +93,10 @@ func TestPlanInit(t *testing.T) {
 			if tt.wantDone {
 				return
 			}
-			if got := string(fileData(p.files, FileToken)); got != tt.wantToken {
+			if got := string(fileData(p.files, certdir.FileToken)); got != tt.wantToken {
 				t.Errorf("token %q, want %q", got, tt.wantToken)
 			}
-			if p.receipt.Operation != "init" || p.receipt.CertificateFingerprint != CertFingerprint(ca) || p.receipt.KeyFingerprint != key.Fingerprint {
+			if p.receipt.Operation != "init" || p.receipt.CertificateFingerprint != pki.CertFingerprint(ca) || p.receipt.KeyFingerprint != key.Fingerprint {
 				t.Errorf("receipt %+v", p.receipt)
 			}
 		})
@@ -113,13 +115,13 @@ func fileData(files []File, name string) []byte {
 func TestFinishing(t *testing.T) {
 	_, oldPEM := testCA(t)
 	key, nextPEM := testCA(t)
-	old, _ := ParseCertificate(oldPEM)
-	next, _ := ParseCertificate(nextPEM)
-	tok := File{Name: FileToken, Data: []byte("tok")}
-	rotated := Receipt{Operation: "rotate", CertificateFingerprint: CertFingerprint(next), Details: map[string]string{"currentCAFingerprint": CertFingerprint(old)}}
-	finished := Receipt{Operation: "rotate.finish", KeyFingerprint: key.Fingerprint, CertificateFingerprint: CertFingerprint(next)}
-	caFile := func(pem []byte) File { return File{Name: FileCACert, Data: pem} }
-	nextFile := File{Name: FileNextCACert, Data: nextPEM}
+	old, _ := pki.ParseCertificate(oldPEM)
+	next, _ := pki.ParseCertificate(nextPEM)
+	tok := File{Name: certdir.FileToken, Data: []byte("tok")}
+	rotated := Receipt{Operation: "rotate", CertificateFingerprint: pki.CertFingerprint(next), Details: map[string]string{"currentCAFingerprint": pki.CertFingerprint(old)}}
+	finished := Receipt{Operation: "rotate.finish", KeyFingerprint: key.Fingerprint, CertificateFingerprint: pki.CertFingerprint(next)}
+	caFile := func(pem []byte) File { return File{Name: certdir.FileCACert, Data: pem} }
+	nextFile := File{Name: certdir.FileNextCACert, Data: nextPEM}
 	tests := []struct {
 		name         string
 		st           *state
@@ -130,9 +132,9 @@ func TestFinishing(t *testing.T) {
 		wantFiles    int // 0: not checked; else only removals are left
 	}{
 		{"no rotation", withFiles(t, []File{caFile(oldPEM), tok}), ErrNoRotation, false, false, "", 0},
-		{"rotation in progress", withFiles(t, []File{caFile(oldPEM), nextFile, tok}, rotated), nil, false, false, CertFingerprint(old), 0},
-		{"killed after os-ca.crt was switched", withFiles(t, []File{caFile(nextPEM), nextFile, tok}, rotated), nil, true, false, CertFingerprint(old), 0},
-		{"killed after the receipt", withFiles(t, []File{caFile(nextPEM), nextFile, tok}, rotated, finished), nil, true, false, CertFingerprint(old), 2},
+		{"rotation in progress", withFiles(t, []File{caFile(oldPEM), nextFile, tok}, rotated), nil, false, false, pki.CertFingerprint(old), 0},
+		{"killed after os-ca.crt was switched", withFiles(t, []File{caFile(nextPEM), nextFile, tok}, rotated), nil, true, false, pki.CertFingerprint(old), 0},
+		{"killed after the receipt", withFiles(t, []File{caFile(nextPEM), nextFile, tok}, rotated, finished), nil, true, false, pki.CertFingerprint(old), 2},
 		{"finished", withFiles(t, []File{caFile(nextPEM), tok}, rotated, finished), nil, true, true, "", 0},
 	}
 	for _, tt := range tests {
@@ -157,8 +159,8 @@ func TestFinishing(t *testing.T) {
 			if tt.wantDone {
 				return
 			}
-			if last := p.files[len(p.files)-1]; last.Name != FileNextCACert || !last.Remove {
-				t.Errorf("the last step is %+v, want the removal of %s", last, FileNextCACert)
+			if last := p.files[len(p.files)-1]; last.Name != certdir.FileNextCACert || !last.Remove {
+				t.Errorf("the last step is %+v, want the removal of %s", last, certdir.FileNextCACert)
 			}
 			if tt.wantFiles > 0 && (len(p.files) != tt.wantFiles || !p.recorded) {
 				t.Errorf("after a recorded finish: files %v, recorded %v", fileNames(p.files), p.recorded)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"io"
 	"path"
 	"strings"
@@ -63,7 +64,7 @@ func newReceipt(op, version string, now time.Time, d signer.Description) Receipt
 	}
 }
 
-// receiptFile renders r as a File under DirReceipts. The name starts
+// receiptFile renders r as a File under certdir.DirReceipts. The name starts
 // with a sequence number (so receipts list in the order they were written,
 // whatever the clock says) and carries random bits so that two receipts
 // never collide.
@@ -77,7 +78,7 @@ func (st *state) receiptFile(r Receipt, rnd io.Reader) (File, error) {
 		return File{}, fmt.Errorf("receipt name: %w", err)
 	}
 	name := fmt.Sprintf("%06d-%s-%s-%s.json", st.receiptNames+1, r.Time.UTC().Format("20060102T150405.000000000Z"), r.Operation, hex.EncodeToString(suffix))
-	return File{Name: path.Join(DirReceipts, name), Data: append(data, '\n'), Mode: 0o644}, nil
+	return File{Name: path.Join(certdir.DirReceipts, name), Data: append(data, '\n'), Mode: 0o644}, nil
 }
 
 // add notes a receipt just written.
@@ -89,7 +90,7 @@ func (st *state) add(r Receipt) {
 // ReadReceipts returns the receipts in d, oldest first. A receipt that
 // does not parse is reported, not skipped: receipts are the audit trail.
 func ReadReceipts(d Dir) ([]Receipt, error) {
-	names, err := d.List(DirReceipts)
+	names, err := d.List(certdir.DirReceipts)
 	if err != nil {
 		return nil, fmt.Errorf("list receipts: %w", err)
 	}
@@ -99,7 +100,7 @@ func ReadReceipts(d Dir) ([]Receipt, error) {
 		if !strings.HasSuffix(n, ".json") {
 			continue
 		}
-		data, err := d.ReadFile(path.Join(DirReceipts, n))
+		data, err := d.ReadFile(path.Join(certdir.DirReceipts, n))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("read receipt %s: %w", n, err))
 			continue

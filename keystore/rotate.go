@@ -5,6 +5,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"time"
 
 	"github.com/steward-trustd/steward-trustd/signer"
@@ -16,7 +18,7 @@ type RotateOptions struct {
 	NewSignerURI string
 	// Algorithm of the new key; empty means signer.ECDSAP256.
 	Algorithm signer.Algorithm
-	// Validity of the new CA; zero means DefaultCAValidity.
+	// Validity of the new CA; zero means pki.DefaultCAValidity.
 	Validity time.Duration
 }
 
@@ -67,17 +69,17 @@ func (c *Ceremony) Rotate(ctx context.Context, d Dir, o RotateOptions) (*Outcome
 func (c *Ceremony) rotateKey(ctx context.Context, st *state, o RotateOptions, cur *x509.Certificate) (signer.Signer, []string, error) {
 	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opRotateKey, uri: o.NewSignerURI, alg: o.Algorithm, resumeOnly: st.next != nil})
 	inProgress := func() error {
-		return fmt.Errorf("a rotation to CA %s is already in progress (%s) with another key; re-run with its --new-signer, or finish it with `rotate --finish` first", CertFingerprint(st.next), st.dir.Path(FileNextCACert))
+		return fmt.Errorf("a rotation to CA %s is already in progress (%s) with another key; re-run with its --new-signer, or finish it with `rotate --finish` first", pki.CertFingerprint(st.next), st.dir.Path(certdir.FileNextCACert))
 	}
 	switch {
 	case errors.Is(err, errNothingToResume):
 		return nil, nil, inProgress()
 	case err != nil:
 		return nil, nil, err
-	case st.next != nil && !KeyMatchesCert(key.Public(), st.next):
+	case st.next != nil && !pki.KeyMatchesCert(key.Public(), st.next):
 		key.Close()
 		return nil, nil, inProgress()
-	case KeyMatchesCert(key.Public(), cur):
+	case pki.KeyMatchesCert(key.Public(), cur):
 		key.Close()
 		return nil, nil, fmt.Errorf("%w: the key at --new-signer is the current CA's key; a rotation needs a new key location", signer.ErrKeyExists)
 	}
@@ -90,7 +92,7 @@ func (c *Ceremony) rotateCA(key signer.Signer, cur *x509.Certificate, o RotateOp
 	if len(cur.Subject.Organization) > 0 {
 		org = cur.Subject.Organization[0]
 	}
-	next, err := NewCACertificate(key, CAOptions{Cluster: cur.Subject.CommonName, Organization: org, Validity: o.Validity}, c.now(), c.Rand)
+	next, err := pki.NewCACertificate(key, pki.CAOptions{Cluster: cur.Subject.CommonName, Organization: org, Validity: o.Validity}, c.now(), c.Rand)
 	if err != nil {
 		return nil, fmt.Errorf("self-sign the new CA through the device: %w", err)
 	}
@@ -108,27 +110,27 @@ func planRotate(st *state, key signer.Description, resumed []string, next *x509.
 	}
 	p := &plan{op: "rotate", resumed: resumed}
 	if st.next != nil {
-		p.resumed = append(p.resumed, st.dir.Path(FileNextCACert)+" was already issued")
+		p.resumed = append(p.resumed, st.dir.Path(certdir.FileNextCACert)+" was already issued")
 	}
 	accepted := dedupe(append(without(st.accepted, cur), next))
 	files, err := clusterFiles(secretCluster(cur), cur, accepted, token, st.serverFiles())
 	if err != nil {
 		return nil, err
 	}
-	files = append([]File{{Name: FileNextCACert, Data: EncodeCertificates(next), Mode: 0o644}}, files...)
-	if st.matches(files) && st.receipt("rotate", key.Fingerprint, CertFingerprint(next)) != nil {
+	files = append([]File{{Name: certdir.FileNextCACert, Data: pki.EncodeCertificates(next), Mode: 0o644}}, files...)
+	if st.matches(files) && st.receipt("rotate", key.Fingerprint, pki.CertFingerprint(next)) != nil {
 		p.alreadyDone = true
 		return p, nil
 	}
 	p.files = files
 	p.receipt = newReceipt("rotate", "", time.Time{}, key)
 	certReceipt(&p.receipt, next)
-	p.receipt.Details = map[string]string{"currentCAFingerprint": CertFingerprint(cur)}
+	p.receipt.Details = map[string]string{"currentCAFingerprint": pki.CertFingerprint(cur)}
 	d := st.dir
 	p.notes = []string{
-		"1. deploy the updated " + d.Path(FileKubernetesSecret) + " (or copy " + FileAcceptedCAs + " into the daemon's cert dir) and restart steward-trustd: it still signs with the old key",
-		"2. apply " + d.Path(FileWorkerPatch) + " to every worker (adds machine.acceptedCAs); workers pick up the new client-CA bundle at their next certificate renewal (12 h, or on reboot)",
-		"3. issue new talosconfigs with --signer <new key URI> --ca " + d.Path(FileNextCACert) + "; they trust both CAs",
+		"1. deploy the updated " + d.Path(certdir.FileKubernetesSecret) + " (or copy " + certdir.FileAcceptedCAs + " into the daemon's cert dir) and restart steward-trustd: it still signs with the old key",
+		"2. apply " + d.Path(certdir.FileWorkerPatch) + " to every worker (adds machine.acceptedCAs); workers pick up the new client-CA bundle at their next certificate renewal (12 h, or on reboot)",
+		"3. issue new talosconfigs with --signer <new key URI> --ca " + d.Path(certdir.FileNextCACert) + "; they trust both CAs",
 		"4. when every worker and user has moved, run `rotate --finish`",
 	}
 	return p, nil
@@ -193,19 +195,19 @@ type finish struct {
 // finishing reads where a finish stands from the state.
 func finishing(st *state) (*finish, error) {
 	if st.next == nil {
-		if st.ca != nil && st.receipt("rotate.finish", "", CertFingerprint(st.ca)) != nil {
+		if st.ca != nil && st.receipt("rotate.finish", "", pki.CertFingerprint(st.ca)) != nil {
 			return &finish{next: st.ca, switched: true, done: true}, nil
 		}
-		return nil, fmt.Errorf("%w (%s is missing)", ErrNoRotation, st.dir.Path(FileNextCACert))
+		return nil, fmt.Errorf("%w (%s is missing)", ErrNoRotation, st.dir.Path(certdir.FileNextCACert))
 	}
 	cur, _, err := st.currentCA()
 	if err != nil {
 		return nil, err
 	}
-	f := &finish{next: st.next, retired: CertFingerprint(cur), switched: cur.Equal(st.next)}
+	f := &finish{next: st.next, retired: pki.CertFingerprint(cur), switched: cur.Equal(st.next)}
 	if f.switched {
 		f.retired = ""
-		if r := st.receipt("rotate", "", CertFingerprint(st.next)); r != nil {
+		if r := st.receipt("rotate", "", pki.CertFingerprint(st.next)); r != nil {
 			f.retired = r.Details["currentCAFingerprint"]
 		}
 	}
@@ -221,9 +223,9 @@ func (c *Ceremony) finishServer(st *state, f *finish, key signer.Signer, validit
 	if server == nil || f.done {
 		return server, nil
 	}
-	prev, err := ParseCertificate(server[FileServerCert])
+	prev, err := pki.ParseCertificate(server[certdir.FileServerCert])
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", st.dir.Path(FileServerCert), err)
+		return nil, fmt.Errorf("%s: %w", st.dir.Path(certdir.FileServerCert), err)
 	}
 	if prev.CheckSignatureFrom(f.next) == nil {
 		return server, nil
@@ -234,10 +236,10 @@ func (c *Ceremony) finishServer(st *state, f *finish, key signer.Signer, validit
 	}
 	crt, keyPEM, err := issueServing(f.next, key, hosts, validity, c.now(), c.Rand)
 	if err != nil {
-		return nil, fmt.Errorf("re-issue %s: %w", FileServerCert, err)
+		return nil, fmt.Errorf("re-issue %s: %w", certdir.FileServerCert, err)
 	}
 	c.step("rotate --finish server certificate issued")
-	return map[string][]byte{FileServerCert: EncodeCertificates(crt), FileServerKey: keyPEM}, nil
+	return map[string][]byte{certdir.FileServerCert: pki.EncodeCertificates(crt), certdir.FileServerKey: keyPEM}, nil
 }
 
 // planFinish decides the files of a finish: the serving certificate, the
@@ -256,16 +258,16 @@ func planFinish(st *state, f *finish, key signer.Description, server map[string]
 	var files []File
 	if server != nil {
 		files = []File{
-			{Name: FileServerKey, Data: server[FileServerKey], Mode: 0o600},
-			{Name: FileServerCert, Data: server[FileServerCert], Mode: 0o600},
+			{Name: certdir.FileServerKey, Data: server[certdir.FileServerKey], Mode: 0o600},
+			{Name: certdir.FileServerCert, Data: server[certdir.FileServerCert], Mode: 0o600},
 		}
 	}
 	cluster, err := clusterFiles(secretCluster(f.next), f.next, without(st.accepted, st.ca, f.next), token, server)
 	if err != nil {
 		return nil, err
 	}
-	files = append(append(files, cluster...), File{Name: FileNextCACert, Remove: true})
-	if f.switched && st.receipt("rotate.finish", key.Fingerprint, CertFingerprint(f.next)) != nil {
+	files = append(append(files, cluster...), File{Name: certdir.FileNextCACert, Remove: true})
+	if f.switched && st.receipt("rotate.finish", key.Fingerprint, pki.CertFingerprint(f.next)) != nil {
 		// The earlier run was killed after its receipt: only the
 		// removals are left.
 		p.resumed = []string{"the finish was recorded by an earlier run; the files it removes are removed now"}
@@ -278,8 +280,8 @@ func planFinish(st *state, f *finish, key signer.Description, server map[string]
 	p.receipt.Details = map[string]string{"retiredCAFingerprint": f.retired}
 	d := st.dir
 	p.notes = []string{
-		"restart steward-trustd with TRUSTD_SIGNER set to the new key URI and the updated " + d.Path(FileKubernetesSecret),
-		"apply " + d.Path(FileWorkerPatch) + " to every worker (machine.ca is now the new CA)",
+		"restart steward-trustd with TRUSTD_SIGNER set to the new key URI and the updated " + d.Path(certdir.FileKubernetesSecret),
+		"apply " + d.Path(certdir.FileWorkerPatch) + " to every worker (machine.ca is now the new CA)",
 		"talosconfigs signed by the old CA stop working once workers renew their certificates; the old key can then be destroyed on the device",
 	}
 	return p, nil

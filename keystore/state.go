@@ -4,6 +4,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"io/fs"
 	"strings"
 )
@@ -11,8 +13,8 @@ import (
 // clusterFileNames are the files of a ceremony directory an operation
 // reads into its state (and may rewrite).
 var clusterFileNames = []string{
-	FileCACert, FileNextCACert, FileAcceptedCAs, FileToken,
-	FileServerCert, FileServerKey, FileWorkerPatch, FileKubernetesSecret,
+	certdir.FileCACert, certdir.FileNextCACert, certdir.FileAcceptedCAs, certdir.FileToken,
+	certdir.FileServerCert, certdir.FileServerKey, certdir.FileWorkerPatch, certdir.FileKubernetesSecret,
 }
 
 // state is everything an operation reads from the ceremony directory,
@@ -31,7 +33,7 @@ type state struct {
 	// token is the trimmed token file.
 	token string
 	// receipts are the receipts, oldest first; receiptNames counts the
-	// files under DirReceipts (receipt sequence numbers follow it).
+	// files under certdir.DirReceipts (receipt sequence numbers follow it).
 	receipts     []Receipt
 	receiptNames int
 	// intents are the outstanding key intent records, by operation.
@@ -55,7 +57,7 @@ func readState(d Dir) (*state, error) {
 	if err := st.parse(); err != nil {
 		return nil, err
 	}
-	names, err := d.List(DirReceipts)
+	names, err := d.List(certdir.DirReceipts)
 	if err != nil {
 		return nil, fmt.Errorf("list receipts: %w", err)
 	}
@@ -78,27 +80,27 @@ func readState(d Dir) (*state, error) {
 // parse decodes the certificates and the token of st.files.
 func (st *state) parse() error {
 	d := st.dir
-	if b, ok := st.files[FileCACert]; ok {
-		st.ca, st.caErr = ParseCertificate(b)
+	if b, ok := st.files[certdir.FileCACert]; ok {
+		st.ca, st.caErr = pki.ParseCertificate(b)
 		if st.caErr != nil {
-			st.caErr = fmt.Errorf("%s: %w", d.Path(FileCACert), st.caErr)
+			st.caErr = fmt.Errorf("%s: %w", d.Path(certdir.FileCACert), st.caErr)
 		}
 	}
-	if b, ok := st.files[FileNextCACert]; ok {
-		next, err := ParseCertificate(b)
+	if b, ok := st.files[certdir.FileNextCACert]; ok {
+		next, err := pki.ParseCertificate(b)
 		if err != nil {
-			return fmt.Errorf("%s: %w", d.Path(FileNextCACert), err)
+			return fmt.Errorf("%s: %w", d.Path(certdir.FileNextCACert), err)
 		}
 		st.next = next
 	}
-	if b, ok := st.files[FileAcceptedCAs]; ok {
-		acc, err := ParseCertificates(b)
+	if b, ok := st.files[certdir.FileAcceptedCAs]; ok {
+		acc, err := pki.ParseCertificates(b)
 		if err != nil {
-			return fmt.Errorf("%s: %w", d.Path(FileAcceptedCAs), err)
+			return fmt.Errorf("%s: %w", d.Path(certdir.FileAcceptedCAs), err)
 		}
 		st.accepted = acc
 	}
-	st.token = strings.TrimSpace(string(st.files[FileToken]))
+	st.token = strings.TrimSpace(string(st.files[certdir.FileToken]))
 	return nil
 }
 
@@ -149,12 +151,12 @@ func (st *state) present(files []File) []string {
 
 // serverFiles returns server.crt and server.key if both exist.
 func (st *state) serverFiles() map[string][]byte {
-	crt, okc := st.files[FileServerCert]
-	key, okk := st.files[FileServerKey]
+	crt, okc := st.files[certdir.FileServerCert]
+	key, okk := st.files[certdir.FileServerKey]
 	if !okc || !okk {
 		return nil
 	}
-	return map[string][]byte{FileServerCert: crt, FileServerKey: key}
+	return map[string][]byte{certdir.FileServerCert: crt, certdir.FileServerKey: key}
 }
 
 // currentCA returns os-ca.crt and the token, which every operation on an
@@ -164,9 +166,9 @@ func (st *state) currentCA() (*x509.Certificate, string, error) {
 	case st.caErr != nil:
 		return nil, "", st.caErr
 	case st.ca == nil:
-		return nil, "", fmt.Errorf("read the current CA: %s: %w (run init or import first)", st.dir.Path(FileCACert), fs.ErrNotExist)
+		return nil, "", fmt.Errorf("read the current CA: %s: %w (run init or import first)", st.dir.Path(certdir.FileCACert), fs.ErrNotExist)
 	case st.token == "":
-		return nil, "", errors.New(st.dir.Path(FileToken) + " is missing or empty")
+		return nil, "", errors.New(st.dir.Path(certdir.FileToken) + " is missing or empty")
 	}
 	return st.ca, st.token, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -59,11 +60,11 @@ func (c *Ceremony) Status(ctx context.Context, uri string, ca *x509.Certificate,
 		now := c.now()
 		st.CA = &CAStatus{
 			Subject:     ca.Subject.String(),
-			Fingerprint: CertFingerprint(ca),
+			Fingerprint: pki.CertFingerprint(ca),
 			NotBefore:   ca.NotBefore.UTC(),
 			NotAfter:    ca.NotAfter.UTC(),
 			Expired:     now.After(ca.NotAfter) || now.Before(ca.NotBefore),
-			KeyMatches:  KeyMatchesCert(s.Public(), ca),
+			KeyMatches:  pki.KeyMatchesCert(s.Public(), ca),
 		}
 	}
 	if d != nil {

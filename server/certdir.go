@@ -12,15 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
-)
 
-// File names in the cert dir.
-const (
-	FileToken       = "token"
-	FileOSCACert    = "os-ca.crt"
-	FileAcceptedCAs = "accepted-cas.crt"
-	FileServerCert  = "server.crt"
-	FileServerKey   = "server.key"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 )
 
 // CertDir reads the daemon's credentials from a directory (a mounted
@@ -59,15 +52,15 @@ func (d CertDir) read(name string, inline []byte, optional bool, h *digestBuilde
 // Credentials reads token, os-ca.crt and accepted-cas.crt.
 func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	var h digestBuilder
-	token, err := d.read(FileToken, d.Token, false, &h)
+	token, err := d.read(certdir.FileToken, d.Token, false, &h)
 	if err != nil {
-		return nil, Digest{}, fmt.Errorf("worker token (set $TRUSTD_TOKEN or provide %s): %w", FileToken, err)
+		return nil, Digest{}, fmt.Errorf("worker token (set $TRUSTD_TOKEN or provide %s): %w", certdir.FileToken, err)
 	}
-	ca, err := d.read(FileOSCACert, d.CACert, false, &h)
+	ca, err := d.read(certdir.FileCACert, d.CACert, false, &h)
 	if err != nil {
-		return nil, Digest{}, fmt.Errorf("OS CA certificate (set $TRUSTD_OS_CA_CRT or provide %s): %w", FileOSCACert, err)
+		return nil, Digest{}, fmt.Errorf("OS CA certificate (set $TRUSTD_OS_CA_CRT or provide %s): %w", certdir.FileCACert, err)
 	}
-	accepted, err := d.read(FileAcceptedCAs, nil, true, &h)
+	accepted, err := d.read(certdir.FileAcceptedCAs, nil, true, &h)
 	if err != nil {
 		return nil, Digest{}, fmt.Errorf("accepted CAs: %w", err)
 	}
@@ -79,11 +72,11 @@ func (d CertDir) Credentials() (*Credentials, Digest, error) {
 // neither exists.
 func (d CertDir) ServingCert(now time.Time) (*tls.Certificate, Digest, error) {
 	var h digestBuilder
-	crt, err := d.read(FileServerCert, nil, true, &h)
+	crt, err := d.read(certdir.FileServerCert, nil, true, &h)
 	if err != nil {
 		return nil, Digest{}, err
 	}
-	key, err := d.read(FileServerKey, nil, true, &h)
+	key, err := d.read(certdir.FileServerKey, nil, true, &h)
 	if err != nil {
 		return nil, Digest{}, err
 	}
@@ -91,7 +84,7 @@ func (d CertDir) ServingCert(now time.Time) (*tls.Certificate, Digest, error) {
 		return nil, h.sum(), nil
 	}
 	if (crt == nil) != (key == nil) {
-		return nil, h.sum(), fmt.Errorf("%s and %s must both exist in %s, or neither", FileServerCert, FileServerKey, d.Dir)
+		return nil, h.sum(), fmt.Errorf("%s and %s must both exist in %s, or neither", certdir.FileServerCert, certdir.FileServerKey, d.Dir)
 	}
 	c, err := LoadKeyPair(crt, key, now)
 	return c, h.sum(), err

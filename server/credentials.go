@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"crypto"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 
-	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -32,43 +32,18 @@ func NewCredentials(token []byte, caPEM, acceptedPEM []byte, pub crypto.PublicKe
 	if len(token) == 0 {
 		return nil, errors.New("token is empty")
 	}
-	cas, err := parseCAs(caPEM)
+	ca, cas, err := certdir.ParseBundle(caPEM, acceptedPEM)
 	if err != nil {
-		return nil, fmt.Errorf("OS CA certificate: %w", err)
+		return nil, err
 	}
-	if len(cas) != 1 {
-		return nil, fmt.Errorf("OS CA certificate: want exactly one certificate, found %d (put extra CAs in accepted-cas.crt)", len(cas))
+	if pub != nil && !pki.KeyMatchesCert(pub, ca) {
+		return nil, mismatch(ca, pub)
 	}
-	ca := cas[0]
-	if pub != nil {
-		want, err := signer.Fingerprint(pub)
-		if err != nil {
-			return nil, err
-		}
-		got, err := signer.Fingerprint(ca.PublicKey)
-		if err != nil {
-			return nil, err
-		}
-		if want != got {
-			return nil, fmt.Errorf("OS CA certificate does not match the signer's key (certificate key %s, signer key %s)", got[:16], want[:16])
-		}
-	}
-	bundle := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
 	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	if len(bytes.TrimSpace(acceptedPEM)) > 0 {
-		extra, err := parseCAs(acceptedPEM)
-		if err != nil {
-			return nil, fmt.Errorf("accepted CAs: %w", err)
-		}
-		for _, c := range extra {
-			if bytes.Equal(c.Raw, ca.Raw) {
-				continue
-			}
-			bundle = append(bundle, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
-			pool.AddCert(c)
-		}
+	for _, c := range cas {
+		pool.AddCert(c)
 	}
+	bundle := pki.EncodeCertificates(cas...)
 	return &Credentials{token: token, ca: ca, bundle: bundle, pool: pool}, nil
 }
 
@@ -81,32 +56,16 @@ func (c *Credentials) Bundle() []byte { return c.bundle }
 // Pool returns the bundle as a certificate pool.
 func (c *Credentials) Pool() *x509.CertPool { return c.pool }
 
-// parseCAs parses a PEM bundle of CA certificates that may authenticate
-// talosctl.
-func parseCAs(data []byte) ([]*x509.Certificate, error) {
-	certs, err := keystore.ParseCertificates(data)
+// mismatch reports an os-ca.crt that is not the signer's key's, naming
+// both keys by fingerprint prefix.
+func mismatch(ca *x509.Certificate, pub crypto.PublicKey) error {
+	want, err := signer.Fingerprint(pub)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	for _, c := range certs {
-		if !c.IsCA || !c.BasicConstraintsValid {
-			return nil, fmt.Errorf("certificate %q is not a CA", c.Subject)
-		}
-		if !allowsClientAuth(c) {
-			return nil, fmt.Errorf("CA %q has an ExtKeyUsage without ClientAuth; talosctl certificates under it would be refused by apid", c.Subject)
-		}
+	got, err := signer.Fingerprint(ca.PublicKey)
+	if err != nil {
+		return err
 	}
-	return certs, nil
-}
-
-func allowsClientAuth(c *x509.Certificate) bool {
-	if len(c.ExtKeyUsage) == 0 && len(c.UnknownExtKeyUsage) == 0 {
-		return true
-	}
-	for _, u := range c.ExtKeyUsage {
-		if u == x509.ExtKeyUsageClientAuth || u == x509.ExtKeyUsageAny {
-			return true
-		}
-	}
-	return false
+	return fmt.Errorf("OS CA certificate does not match the signer's key (certificate key %s, signer key %s)", got[:16], want[:16])
 }

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
 )
@@ -35,7 +35,7 @@ func newTestCA(t testing.TB, alg signer.Algorithm) *testCA {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, err := keystore.NewCACertificate(s, keystore.CAOptions{Cluster: "test"}, time.Now(), rand.Reader)
+	cert, err := pki.NewCACertificate(s, pki.CAOptions{Cluster: "test"}, time.Now(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,24 +2,17 @@ package server
 
 import (
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/elliptic"
-	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"strings"
 	"time"
 
-	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 )
 
 // Limits bound what a certificate request may ask for.
@@ -28,7 +21,8 @@ type Limits struct {
 	MaxCSRBytes int
 	// MaxSANs bounds DNS names plus IP addresses (default 64).
 	MaxSANs int
-	// MinRSABits is the smallest RSA key accepted (default 2048).
+	// MinRSABits is the smallest RSA key accepted (default and floor:
+	// pki.MinRSABits).
 	MinRSABits int
 	// Validity is the issued certificate's lifetime (default 24 h; workers
 	// renew every 12 h, so it must stay above that).
@@ -46,16 +40,10 @@ func (l Limits) withDefaults() Limits {
 		l.MinRSABits = 2048
 	}
 	if l.Validity == 0 {
-		l.Validity = 24 * time.Hour
+		l.Validity = pki.DefaultWorkerValidity
 	}
 	return l
 }
-
-// maxRSABits keeps a hostile CSR from making signature verification slow.
-const maxRSABits = 8192
-
-// backdate covers clock skew between trustd and the worker.
-const backdate = 5 * time.Minute
 
 // requestError is a problem with the client's request: InvalidArgument.
 type requestError struct{ msg string }
@@ -98,26 +86,9 @@ func ParseRequest(pemBytes []byte, l Limits) (*Request, error) {
 		return nil, badRequest("certificate signing request is %d bytes, limit %d", len(pemBytes), l.MaxCSRBytes)
 	}
 	sum := sha256.Sum256(pemBytes)
-	block, rest := pem.Decode(pemBytes)
-	if block == nil {
-		return nil, badRequest("certificate signing request is not PEM")
-	}
-	if block.Type != "CERTIFICATE REQUEST" && block.Type != "NEW CERTIFICATE REQUEST" {
-		return nil, badRequest("PEM block is %q, want CERTIFICATE REQUEST", block.Type)
-	}
-	if len(strings.TrimSpace(string(rest))) != 0 {
-		return nil, badRequest("trailing data after the certificate signing request")
-	}
-	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	csr, err := pki.ParseCSR(pemBytes, l.MinRSABits)
 	if err != nil {
-		return nil, badRequest("parse certificate signing request: %v", err)
-	}
-	keyType, err := checkKey(csr.PublicKey, l)
-	if err != nil {
-		return nil, err
-	}
-	if err := csr.CheckSignature(); err != nil {
-		return nil, badRequest("certificate signing request signature does not verify: %v", err)
+		return nil, badRequest("%v", err)
 	}
 	if len(csr.URIs) > 0 || len(csr.EmailAddresses) > 0 {
 		return nil, badRequest("certificate signing request asks for URI or e-mail SANs; only DNS names and IP addresses are issued")
@@ -129,10 +100,10 @@ func ParseRequest(pemBytes []byte, l Limits) (*Request, error) {
 	if n > l.MaxSANs {
 		return nil, badRequest("certificate signing request has %d SANs, limit %d", n, l.MaxSANs)
 	}
-	r := &Request{CSR: csr, SHA256: hex.EncodeToString(sum[:]), KeyType: keyType}
+	r := &Request{CSR: csr.CertificateRequest, SHA256: hex.EncodeToString(sum[:]), KeyType: csr.KeyType}
 	for _, d := range csr.DNSNames {
-		if !validDNSName(d) {
-			return nil, badRequest("SAN %q is not a valid DNS name", d)
+		if err := pki.CheckDNSName(d, pki.WorkerName); err != nil {
+			return nil, badRequest("SAN %v", err)
 		}
 		r.DNSNames = append(r.DNSNames, d)
 		r.Requested = append(r.Requested, d)
@@ -144,68 +115,8 @@ func ParseRequest(pemBytes []byte, l Limits) (*Request, error) {
 		r.IPs = append(r.IPs, ip)
 		r.Requested = append(r.Requested, ip.String())
 	}
-	r.Subject = workerSubject(csr.Subject)
+	r.Subject = pki.WorkerSubject(csr.Subject)
 	return r, nil
-}
-
-// workerSubject copies the CSR subject without Organization (Talos does
-// the same: an Organization would read as talosctl roles) and without
-// ExtraNames, which could smuggle an Organization attribute back in.
-func workerSubject(s pkix.Name) pkix.Name {
-	return pkix.Name{
-		CommonName:         s.CommonName,
-		Country:            s.Country,
-		Province:           s.Province,
-		Locality:           s.Locality,
-		StreetAddress:      s.StreetAddress,
-		PostalCode:         s.PostalCode,
-		OrganizationalUnit: s.OrganizationalUnit,
-		SerialNumber:       s.SerialNumber,
-	}
-}
-
-func checkKey(pub any, l Limits) (string, error) {
-	switch k := pub.(type) {
-	case *ecdsa.PublicKey:
-		switch k.Curve {
-		case elliptic.P256(), elliptic.P384(), elliptic.P521():
-			return "ECDSA-" + k.Curve.Params().Name, nil
-		}
-		return "", badRequest("unsupported ECDSA curve")
-	case ed25519.PublicKey:
-		return "Ed25519", nil
-	case *rsa.PublicKey:
-		bits := k.N.BitLen()
-		if bits < l.MinRSABits {
-			return "", badRequest("RSA key of %d bits is too small (minimum %d)", bits, l.MinRSABits)
-		}
-		if bits > maxRSABits {
-			return "", badRequest("RSA key of %d bits is too large (maximum %d)", bits, maxRSABits)
-		}
-		return fmt.Sprintf("RSA-%d", bits), nil
-	}
-	return "", badRequest("unsupported public key type in certificate signing request")
-}
-
-func validDNSName(s string) bool {
-	s = strings.TrimSuffix(s, ".")
-	if s == "" || len(s) > 253 {
-		return false
-	}
-	for _, label := range strings.Split(s, ".") {
-		if label == "*" {
-			return false // no wildcard serving certificates
-		}
-		if len(label) == 0 || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return false
-		}
-		for _, c := range label {
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // Policy is the optional address policy on top of the certificate profile.
@@ -253,42 +164,13 @@ func prefixesContain(ps []netip.Prefix, a netip.Addr) bool {
 }
 
 // Issue signs the worker's apid serving certificate with the protocol's
-// profile: subject without Organization, the CSR's DNS and IP SANs only,
-// KeyUsage DigitalSignature, EKU exactly [ServerAuth], not a CA, 128-bit
-// random serial. The signature algorithm follows the CA key (the template
-// leaves it unset), never the CSR: an Ed25519 CSR under an ECDSA CA must
-// work for Talos 1.9 workers.
+// profile, pki.NewWorkerCertificate: subject without Organization, the
+// CSR's DNS and IP SANs only, EKU exactly [ServerAuth], the signature
+// algorithm of the CA key, validity clamped to the CA's.
 func Issue(r *Request, ca *x509.Certificate, key crypto.Signer, validity time.Duration, now time.Time, rnd io.Reader) (*x509.Certificate, error) {
-	serial, err := keystore.SerialNumber(rnd)
+	cert, err := pki.NewWorkerCertificate(ca, key, pki.WorkerRequest{Subject: r.Subject, DNSNames: r.DNSNames, IPs: r.IPs, PublicKey: r.CSR.PublicKey}, validity, now, rnd)
 	if err != nil {
-		return nil, err
-	}
-	notAfter := now.Add(validity)
-	if notAfter.After(ca.NotAfter) {
-		notAfter = ca.NotAfter
-	}
-	if !notAfter.After(now) {
-		return nil, errors.New("the OS CA certificate has expired")
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               r.Subject,
-		NotBefore:             now.Add(-backdate),
-		NotAfter:              notAfter,
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  false,
-		DNSNames:              r.DNSNames,
-		IPAddresses:           r.IPs,
-	}
-	der, err := x509.CreateCertificate(rnd, tmpl, ca, r.CSR.PublicKey, key)
-	if err != nil {
-		return nil, fmt.Errorf("sign worker certificate: %w", err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, fmt.Errorf("parse issued certificate: %w", err)
+		return nil, fmt.Errorf("worker certificate: %w", err)
 	}
 	return cert, nil
 }

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -330,8 +331,8 @@ func TestReload(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mkgen("gen1", map[string][]byte{FileToken: []byte(testToken), FileOSCACert: ca.pem})
-	for _, f := range []string{FileToken, FileOSCACert, FileAcceptedCAs} {
+	mkgen("gen1", map[string][]byte{certdir.FileToken: []byte(testToken), certdir.FileCACert: ca.pem})
+	for _, f := range []string{certdir.FileToken, certdir.FileCACert, certdir.FileAcceptedCAs} {
 		if err := os.Symlink(filepath.Join("..data", f), filepath.Join(root, f)); err != nil {
 			t.Fatal(err)
 		}
@@ -358,7 +359,7 @@ func TestReload(t *testing.T) {
 		t.Fatal("reloaded without a change")
 	}
 	// A new token and an accepted CA: swapped in without a restart.
-	mkgen("gen2", map[string][]byte{FileToken: []byte("new-token"), FileOSCACert: ca.pem, FileAcceptedCAs: other.pem})
+	mkgen("gen2", map[string][]byte{certdir.FileToken: []byte("new-token"), certdir.FileCACert: ca.pem, certdir.FileAcceptedCAs: other.pem})
 	rl.Check()
 	if _, err := svc.Certificate(tokenCtx(testToken), req); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("old token after reload: %v", err)
@@ -371,7 +372,7 @@ func TestReload(t *testing.T) {
 		t.Fatalf("bundle has %d CAs after adding accepted-cas.crt, want 2", n)
 	}
 	// A broken CA (does not match the signer) is refused; the old set stays.
-	mkgen("gen3", map[string][]byte{FileToken: []byte("third-token"), FileOSCACert: other.pem})
+	mkgen("gen3", map[string][]byte{certdir.FileToken: []byte("third-token"), certdir.FileCACert: other.pem})
 	rl.Check()
 	rl.Check()
 	if _, err := svc.Certificate(tokenCtx("new-token"), req); err != nil {
@@ -384,7 +385,7 @@ func TestReload(t *testing.T) {
 		t.Fatal("broken reload not logged")
 	}
 	// Fixed content is picked up.
-	mkgen("gen4", map[string][]byte{FileToken: []byte("third-token"), FileOSCACert: ca.pem})
+	mkgen("gen4", map[string][]byte{certdir.FileToken: []byte("third-token"), certdir.FileCACert: ca.pem})
 	rl.Check()
 	if _, err := svc.Certificate(tokenCtx("third-token"), req); err != nil {
 		t.Fatalf("after a good reload: %v", err)
@@ -406,7 +407,7 @@ func TestReloadServingCert(t *testing.T) {
 		return pemCert(holder.Get()), pemKey(t, holder.Get())
 	}
 	crt, key := issue("one.example")
-	writeCertDir(t, dir, map[string][]byte{FileToken: []byte(testToken), FileOSCACert: ca.pem, FileServerCert: crt, FileServerKey: key})
+	writeCertDir(t, dir, map[string][]byte{certdir.FileToken: []byte(testToken), certdir.FileCACert: ca.pem, certdir.FileServerCert: crt, certdir.FileServerKey: key})
 	cd := CertDir{Dir: dir, SignerPublic: ca.signer.Public()}
 	creds, d1, err := cd.Credentials()
 	if err != nil {
@@ -422,12 +423,12 @@ func TestReloadServingCert(t *testing.T) {
 	rl := &Reloader{Dir: cd, Service: svc, Holder: holder}
 	rl.Prime(d1, d2)
 	crt2, key2 := issue("two.example")
-	writeCertDir(t, dir, map[string][]byte{FileServerCert: crt2})
+	writeCertDir(t, dir, map[string][]byte{certdir.FileServerCert: crt2})
 	rl.Check() // key and certificate do not match yet: refused
 	if holder.Get().Leaf.DNSNames[0] != "one.example" {
 		t.Fatal("mismatched pair installed")
 	}
-	writeCertDir(t, dir, map[string][]byte{FileServerKey: key2})
+	writeCertDir(t, dir, map[string][]byte{certdir.FileServerKey: key2})
 	rl.Check()
 	if got := holder.Get().Leaf.DNSNames[0]; got != "two.example" {
 		t.Fatalf("serving certificate %s after reload, want two.example", got)

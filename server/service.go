@@ -9,7 +9,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -178,7 +178,7 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	rec.notAfter = cert.NotAfter
 	return &securityapi.CertificateResponse{
 		Ca:  creds.bundle,
-		Crt: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}),
+		Crt: pki.EncodeCertificates(cert),
 	}, nil
 }
 

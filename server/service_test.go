@@ -27,7 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
-	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -254,7 +254,7 @@ func TestAcceptedCAsBundle(t *testing.T) {
 		t.Fatal("token not trimmed")
 	}
 	leafKey := newKey(t, "p256")
-	leaf, err := keystore.NewServingCertificate(ca.cert, ca.signer, leafKey.Public(), []string{"x"}, time.Hour, time.Now(), rand.Reader)
+	leaf, err := pki.NewServingCertificate(ca.cert, ca.signer, leafKey.Public(), []string{"x"}, time.Hour, time.Now(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}

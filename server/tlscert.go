@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -98,7 +98,7 @@ func (si *SelfIssuer) Issue() error {
 	if err != nil {
 		return fmt.Errorf("serving key: %w", err)
 	}
-	cert, err := keystore.NewServingCertificate(si.CA(), si.Signer, &key.PublicKey, hosts, si.validity(), clockOrDefault(si.Clock)(), randOrDefault(si.Rand))
+	cert, err := pki.NewServingCertificate(si.CA(), si.Signer, &key.PublicKey, hosts, si.validity(), clockOrDefault(si.Clock)(), randOrDefault(si.Rand))
 	if err != nil {
 		return fmt.Errorf("issue serving certificate: %w", err)
 	}

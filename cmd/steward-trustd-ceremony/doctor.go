@@ -11,8 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
-	"github.com/steward-trustd/steward-trustd/keystore"
-	"github.com/steward-trustd/steward-trustd/keystore/doctor"
+	"github.com/steward-trustd/steward-trustd/internal/doctor"
 )
 
 // doctorFlags are the flags of doctor.
@@ -27,7 +26,7 @@ func (f doctorFlags) options() (doctor.Options, error) {
 	if err != nil {
 		return doctor.Options{}, err
 	}
-	wc, err := keystore.ParseWorkerConfig(data)
+	wc, err := doctor.ParseWorkerConfig(data)
 	if err != nil {
 		return doctor.Options{}, fmt.Errorf("%s: %w", f.machineConfig, err)
 	}

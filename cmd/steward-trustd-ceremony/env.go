@@ -3,10 +3,10 @@ package main
 import (
 	"crypto/rand"
 	"crypto/x509"
-	"errors"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -75,7 +75,7 @@ func parseAlgorithm(s string) (signer.Algorithm, error) {
 // parseRoles checks talosctl roles at the command line, so a typo is a
 // usage error before any device is opened.
 func parseRoles(roles []string) ([]string, error) {
-	parsed, err := keystore.ParseRoles(roles)
+	parsed, err := pki.ParseRoles(roles)
 	if err != nil {
 		return nil, cli.Usage(fmt.Errorf("--roles: %w", err))
 	}
@@ -87,7 +87,7 @@ func checkHosts(flag string, hosts []string) error {
 	if len(hosts) == 0 {
 		return cli.Usagef("required flag(s) --%s not set", flag)
 	}
-	if _, _, err := keystore.SplitHosts(hosts); err != nil {
+	if _, _, err := pki.SplitHosts(hosts); err != nil {
 		return cli.Usage(fmt.Errorf("--%s: %w", flag, err))
 	}
 	return nil
@@ -95,7 +95,7 @@ func checkHosts(flag string, hosts []string) error {
 
 // withPCRs binds a tpm: key URI to the --pcrs selection.
 func withPCRs(uri string, pcrs []int) (string, error) {
-	out, err := keystore.WithPCRs(uri, pcrs)
+	out, err := tpm.WithPCRs(uri, pcrs)
 	return out, cli.Usage(err)
 }
 
@@ -105,7 +105,7 @@ func readCA(path string) (*x509.Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read CA certificate: %w", err)
 	}
-	ca, err := keystore.ParseCertificate(data)
+	ca, err := pki.ParseCertificate(data)
 	if err != nil {
 		return nil, fmt.Errorf("CA certificate %s: %w", path, err)
 	}
@@ -118,11 +118,11 @@ func readCSR(path string) ([]byte, *x509.CertificateRequest, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	csr, err := keystore.ParseCSR(data)
+	csr, err := pki.ParseCSR(data, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return data, csr, nil
+	return data, csr.CertificateRequest, nil
 }
 
 func mkdir(dir string) (keystore.OSDir, error) {
@@ -151,35 +151,4 @@ func outTarget(path string) (keystore.Target, error) {
 		return keystore.Target{}, err
 	}
 	return keystore.Target{Dir: d, Name: filepath.Base(abs)}, nil
-}
-
-// trustFor is the talosconfig `ca` bundle: the signing CA plus, if they
-// sit next to it, os-ca.crt, accepted-cas.crt and os-ca.next.crt, so that
-// a talosconfig made during a rotation keeps verifying apid after it.
-func trustFor(ca *x509.Certificate, dir string) ([]*x509.Certificate, error) {
-	trust := []*x509.Certificate{ca}
-	for _, n := range []string{keystore.FileCACert, keystore.FileAcceptedCAs, keystore.FileNextCACert} {
-		certs, err := readOptionalCerts(filepath.Join(dir, n))
-		if err != nil {
-			return nil, err
-		}
-		trust = append(trust, certs...)
-	}
-	return trust, nil
-}
-
-// readOptionalCerts reads a PEM certificate file; a missing file is none.
-func readOptionalCerts(path string) ([]*x509.Certificate, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	certs, err := keystore.ParseCertificates(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return certs, nil
 }

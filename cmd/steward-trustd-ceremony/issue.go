@@ -7,6 +7,8 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"io"
 	"path/filepath"
 	"slices"
@@ -81,7 +83,7 @@ from --roles, sign-csr refuses unless --override-csr-roles says the difference i
 				return err
 			}
 			if !cmd.Flags().Changed("roles") {
-				return cli.Usagef("required flag(s) --roles not set: name the roles to grant, e.g. --roles os:reader (known: %s)", strings.Join(keystore.KnownRoles(), ", "))
+				return cli.Usagef("required flag(s) --roles not set: name the roles to grant, e.g. --roles os:reader (known: %s)", strings.Join(pki.KnownRoles(), ", "))
 			}
 			granted, err := parseRoles(roles)
 			if err != nil {
@@ -99,7 +101,7 @@ from --roles, sign-csr refuses unless --override-csr-roles says the difference i
 	}
 	f.register(c, "CA certificate (os-ca.crt)", "certificate output file", "replace --out")
 	c.Flags().StringVar(&csrPath, "csr", "", "PEM certificate request")
-	cli.ListVar(c.Flags(), &roles, "roles", nil, "roles to grant (the certificate's Organization), required: "+strings.Join(keystore.KnownRoles(), ", "))
+	cli.ListVar(c.Flags(), &roles, "roles", nil, "roles to grant (the certificate's Organization), required: "+strings.Join(pki.KnownRoles(), ", "))
 	c.Flags().BoolVar(&override, "override-csr-roles", false, "grant --roles even though the request asks for different roles")
 	return c
 }
@@ -167,7 +169,7 @@ func talosconfigCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	fs.StringVar(&o.Context, "context", "", "talosconfig context name")
 	cli.ListVar(fs, &o.Endpoints, "endpoints", nil, "Talos API endpoints (IPs or names)")
 	cli.ListVar(fs, &o.Nodes, "nodes", nil, "default nodes (default: the endpoints)")
-	cli.ListVar(fs, &roles, "roles", []string{"os:admin"}, "roles: "+strings.Join(keystore.KnownRoles(), ", "))
+	cli.ListVar(fs, &roles, "roles", []string{"os:admin"}, "roles: "+strings.Join(pki.KnownRoles(), ", "))
 	fs.StringVar(&o.CommonName, "name", "talosctl", "client certificate common name")
 	return c
 }
@@ -178,7 +180,7 @@ func (f *issueFlags) readTalosconfig(o *keystore.TalosconfigOptions) error {
 	if o.CA, err = readCA(f.ca); err != nil {
 		return err
 	}
-	if o.Trust, err = trustFor(o.CA, filepath.Dir(f.ca)); err != nil {
+	if o.Trust, err = certdir.ClientTrust(o.CA, certdir.OSDir(filepath.Dir(f.ca))); err != nil {
 		return err
 	}
 	o.Out, err = outTarget(f.out)

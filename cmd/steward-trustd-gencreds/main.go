@@ -15,6 +15,8 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"io"
 	"os"
 	"time"
@@ -73,7 +75,7 @@ func (o options) check() (signer.Algorithm, error) {
 	if err != nil || (alg != signer.ECDSAP256 && alg != signer.Ed25519) {
 		return "", cli.Usagef("--algorithm %q: want p256 or ed25519", o.algorithm)
 	}
-	if _, _, err := keystore.SplitHosts(o.sans); err != nil {
+	if _, _, err := pki.SplitHosts(o.sans); err != nil {
 		return "", cli.Usage(fmt.Errorf("--san: %w", err))
 	}
 	return alg, nil
@@ -102,6 +104,6 @@ func (o options) generate(stdout io.Writer) error {
 		fmt.Fprintf(stdout, "wrote %s\n", dir.Path(f.Name))
 	}
 	fmt.Fprintf(stdout, "the OS CA key is a file (%s): use it for development only; see steward-trustd-ceremony for TPM and HSM keys\n",
-		dir.Path(keystore.FileCAKey))
+		dir.Path(certdir.FileCAKey))
 	return nil
 }

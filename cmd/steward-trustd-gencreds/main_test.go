@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/x509"
 	"encoding/base64"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +13,6 @@ import (
 	"go.yaml.in/yaml/v4"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
-	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
 )
@@ -88,7 +88,7 @@ func TestGenerate(t *testing.T) {
 				}
 				return b
 			}
-			ca, err := keystore.ParseCertificate(read("os-ca.crt"))
+			ca, err := pki.ParseCertificate(read("os-ca.crt"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -96,13 +96,13 @@ func TestGenerate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !keystore.KeyMatchesCert(key.Public(), ca) {
+			if !pki.KeyMatchesCert(key.Public(), ca) {
 				t.Error("os-ca.key does not match os-ca.crt")
 			}
 			if got := ca.Subject.CommonName; got != "demo" {
 				t.Errorf("CA CN %q", got)
 			}
-			srv, err := keystore.ParseCertificate(read("server.crt"))
+			srv, err := pki.ParseCertificate(read("server.crt"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -121,7 +121,7 @@ func TestGenerate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !keystore.KeyMatchesCert(skey.Public(), srv) {
+			if !pki.KeyMatchesCert(skey.Public(), srv) {
 				t.Error("server.key does not match server.crt")
 			}
 			if tok := read("token"); len(tok) != 64 {

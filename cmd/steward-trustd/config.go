@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/server"
 
 	"github.com/steward-trustd/steward-trustd/signer/file"
@@ -183,7 +184,7 @@ func loadConfig(get lookup) (*config, error) {
 	case c.signer != "" && c.inlineCA != nil:
 		return nil, bad("os-ca-key", "an inline OS CA key contradicts TRUSTD_SIGNER=%s; use one or the other", schemeOf(c.signer))
 	case c.signer == "" && c.inlineCA == nil:
-		c.signer = file.URI(filepath.Join(c.certDir, "os-ca.key"))
+		c.signer = file.URI(filepath.Join(c.certDir, certdir.FileCAKey))
 	}
 	if v, ok := get("cert-sans"); ok {
 		c.certSANs = splitList(v)

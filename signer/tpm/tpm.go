@@ -241,10 +241,9 @@ func curveFor(alg signer.Algorithm) (tpm2.TPMECCCurve, elliptic.Curve, error) {
 	case signer.ECDSAP384:
 		return tpm2.TPMECCNistP384, elliptic.P384(), nil
 	case signer.Ed25519:
-		return 0, nil, fmt.Errorf("%w: a TPM 2.0 cannot hold an Ed25519 key (the TPM 2.0 library has no EdDSA); "+
-			"use an ECDSA CA (init --algorithm p256) or a PKCS#11 HSM with EdDSA (pkcs11: key URI)", signer.ErrUnsupportedAlgorithm)
+		return 0, nil, errEd25519()
 	case signer.RSA2048, signer.RSA3072, signer.RSA4096:
-		return 0, nil, fmt.Errorf("%w: the tpm backend holds ECDSA keys only (p256, p384); use init --algorithm p256", signer.ErrUnsupportedAlgorithm)
+		return 0, nil, errRSA(alg)
 	}
 	return 0, nil, fmt.Errorf("%w: %q", signer.ErrUnsupportedAlgorithm, alg)
 }
@@ -341,11 +340,9 @@ func (b *Backend) Import(ctx context.Context, uri string, key crypto.Signer) (si
 	case *ecdsa.PrivateKey:
 		priv = k
 	case ed25519.PrivateKey:
-		_, _, err := curveFor(signer.Ed25519)
-		return nil, fmt.Errorf("tpm: import: %w", err)
+		return nil, fmt.Errorf("tpm: import: %w", errEd25519())
 	case *rsa.PrivateKey:
-		_, _, err := curveFor(signer.RSA2048)
-		return nil, fmt.Errorf("tpm: import: %w", err)
+		return nil, fmt.Errorf("tpm: import: %w", errRSA(signer.Algorithm(fmt.Sprintf("rsa%d", k.N.BitLen()))))
 	default:
 		return nil, fmt.Errorf("tpm: import: %w: %T (want an ECDSA private key)", signer.ErrUnsupportedAlgorithm, key)
 	}

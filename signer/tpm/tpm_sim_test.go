@@ -63,7 +63,7 @@ func TestGenerateRefuses(t *testing.T) {
 		alg  signer.Algorithm
 		want string
 	}{
-		{signer.Ed25519, "cannot hold an Ed25519 key"},
+		{signer.Ed25519, "cannot hold Ed25519 keys"},
 		{signer.RSA2048, "ECDSA keys only"},
 		{"dsa", "unsupported"},
 	}
@@ -72,6 +72,9 @@ func TestGenerateRefuses(t *testing.T) {
 			_, err := b.Generate(ctx, blobURI(t, ""), tt.alg)
 			if !errors.Is(err, signer.ErrUnsupportedAlgorithm) || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Generate(%s) = %v, want ErrUnsupportedAlgorithm mentioning %q", tt.alg, err, tt.want)
+			}
+			if tt.alg == signer.Ed25519 {
+				checkEd25519Hint(t, err)
 			}
 		})
 	}
@@ -89,10 +92,26 @@ func TestGenerateRefuses(t *testing.T) {
 	t.Run("ed25519 import", func(t *testing.T) {
 		_, k, _ := ed25519.GenerateKey(rand.Reader)
 		_, err := b.Import(ctx, blobURI(t, ""), k)
-		if !errors.Is(err, signer.ErrUnsupportedAlgorithm) || !strings.Contains(err.Error(), "PKCS#11") {
+		if !errors.Is(err, signer.ErrUnsupportedAlgorithm) {
 			t.Fatalf("Import(ed25519) = %v", err)
 		}
+		checkEd25519Hint(t, err)
 	})
+}
+
+// checkEd25519Hint checks that an Ed25519 refusal is the typed error and
+// tells the user every way out.
+func checkEd25519Hint(t *testing.T, err error) {
+	t.Helper()
+	var uk *tpm.UnsupportedKeyError
+	if !errors.As(err, &uk) || uk.Algorithm != signer.Ed25519 {
+		t.Fatalf("%v is not a *tpm.UnsupportedKeyError for ed25519", err)
+	}
+	for _, want := range []string{"P-256", "P-384", "CKM_EDDSA", "pkcs11:", "file:"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Ed25519 refusal %q does not mention %q", err, want)
+		}
+	}
 }
 
 func TestOpenReloads(t *testing.T) {
@@ -237,7 +256,8 @@ func TestImport(t *testing.T) {
 	}
 	t.Run("rsa", func(t *testing.T) {
 		k, _ := rsa.GenerateKey(rand.Reader, 2048)
-		if _, err := b.Import(ctx, blobURI(t, ""), k); !errors.Is(err, signer.ErrUnsupportedAlgorithm) {
+		var uk *tpm.UnsupportedKeyError
+		if _, err := b.Import(ctx, blobURI(t, ""), k); !errors.Is(err, signer.ErrUnsupportedAlgorithm) || !errors.As(err, &uk) || uk.Algorithm != signer.RSA2048 {
 			t.Fatalf("Import(rsa) = %v", err)
 		}
 	})

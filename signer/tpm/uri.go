@@ -147,75 +147,79 @@ func ParseURI(uri string) (KeyURI, error) {
 	if rest == "" {
 		return KeyURI{}, uriErr("URI names no key (want path=/file.tpmkey or handle=0x81000100)")
 	}
-	u := KeyURI{Timeout: DefaultTimeout, PCRs: []int{DefaultPCR}}
-	seen := map[string]bool{}
-	deviceAttr := ""
+	p := uriParser{u: KeyURI{Timeout: DefaultTimeout, PCRs: []int{DefaultPCR}}, seen: map[string]bool{}}
 	for _, attr := range strings.Split(rest, ";") {
-		k, v, ok := strings.Cut(attr, "=")
-		if !ok {
-			return KeyURI{}, uriErr("attribute %q is not key=value", attr)
-		}
-		if v == "" {
-			return KeyURI{}, uriErr("attribute %q has an empty value", k)
-		}
-		if seen[k] {
-			return KeyURI{}, uriErr("attribute %q given twice", k)
-		}
-		seen[k] = true
-		for _, r := range v {
-			if r < 0x20 || r == 0x7f {
-				return KeyURI{}, uriErr("attribute %q contains a control character", k)
-			}
-		}
-		switch k {
-		case "path":
-			p, err := absCleanPath(k, v)
-			if err != nil {
-				return KeyURI{}, err
-			}
-			u.Path = p
-		case "handle":
-			h, err := parseHandle(v)
-			if err != nil {
-				return KeyURI{}, err
-			}
-			u.Handle = h
-		case "device", "swtpm", "socket":
-			if deviceAttr != "" {
-				return KeyURI{}, uriErr("attributes %q and %q both name a TPM; give at most one", deviceAttr, k)
-			}
-			deviceAttr = k
-			d, err := parseDevice(k, v)
-			if err != nil {
-				return KeyURI{}, err
-			}
-			u.Device = d
-		case "pcrs":
-			pcrs, err := ParsePCRs(v)
-			if err != nil {
-				return KeyURI{}, err
-			}
-			u.PCRs, u.PCRsSet = pcrs, true
-		case "timeout":
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return KeyURI{}, uriErr("timeout %q: %v", v, err)
-			}
-			if d < minTimeout || d > maxTimeout {
-				return KeyURI{}, uriErr("timeout %v out of range [%v, %v]", d, minTimeout, maxTimeout)
-			}
-			u.Timeout = d
-		default:
-			return KeyURI{}, uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout)", k)
+		if err := p.attribute(attr); err != nil {
+			return KeyURI{}, err
 		}
 	}
 	switch {
-	case u.Path != "" && u.Handle != 0:
+	case p.u.Path != "" && p.u.Handle != 0:
 		return KeyURI{}, uriErr("give path= or handle=, not both")
-	case u.Path == "" && u.Handle == 0:
+	case p.u.Path == "" && p.u.Handle == 0:
 		return KeyURI{}, uriErr("URI names no key (want path=/file.tpmkey or handle=0x81000100)")
 	}
-	return u, nil
+	return p.u, nil
+}
+
+// uriParser is the state of one ParseURI.
+type uriParser struct {
+	u          KeyURI
+	seen       map[string]bool
+	deviceAttr string // the attribute that named the TPM, if any
+}
+
+// attribute checks the syntax of one key=value attribute and applies it.
+func (p *uriParser) attribute(attr string) error {
+	k, v, ok := strings.Cut(attr, "=")
+	switch {
+	case !ok:
+		return uriErr("attribute %q is not key=value", attr)
+	case v == "":
+		return uriErr("attribute %q has an empty value", k)
+	case p.seen[k]:
+		return uriErr("attribute %q given twice", k)
+	case strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return uriErr("attribute %q contains a control character", k)
+	}
+	p.seen[k] = true
+	return p.apply(k, v)
+}
+
+// apply sets attribute k to v.
+func (p *uriParser) apply(k, v string) error {
+	var err error
+	switch k {
+	case "path":
+		p.u.Path, err = absCleanPath(k, v)
+	case "handle":
+		p.u.Handle, err = parseHandle(v)
+	case "device", "swtpm", "socket":
+		if p.deviceAttr != "" {
+			return uriErr("attributes %q and %q both name a TPM; give at most one", p.deviceAttr, k)
+		}
+		p.deviceAttr = k
+		p.u.Device, err = parseDevice(k, v)
+	case "pcrs":
+		p.u.PCRs, err = ParsePCRs(v)
+		p.u.PCRsSet = true
+	case "timeout":
+		p.u.Timeout, err = parseTimeout(v)
+	default:
+		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout)", k)
+	}
+	return err
+}
+
+func parseTimeout(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, uriErr("timeout %q: %v", v, err)
+	}
+	if d < minTimeout || d > maxTimeout {
+		return 0, uriErr("timeout %v out of range [%v, %v]", d, minTimeout, maxTimeout)
+	}
+	return d, nil
 }
 
 func absCleanPath(attr, p string) (string, error) {
@@ -286,4 +290,48 @@ func ParsePCRs(v string) ([]int, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// IsKeyURI reports whether uri names a key of this backend (its scheme is
+// tpm:), without checking the rest.
+func IsKeyURI(uri string) bool { return strings.HasPrefix(uri, Scheme+":") }
+
+// WithPCRs returns uri with the PCR selection pcrs (see ParsePCRs), so
+// that a ceremony's --pcrs flag and the URI's pcrs= attribute cannot
+// disagree: uri must be a valid tpm: key URI; if it already names pcrs=
+// the selections must be equal (uri is returned unchanged), otherwise
+// ";pcrs=..." is appended. An empty pcrs returns uri unchanged. Every
+// error wraps signer.ErrInvalidURI.
+func WithPCRs(uri string, pcrs []int) (string, error) {
+	if len(pcrs) == 0 {
+		return uri, nil
+	}
+	if !IsKeyURI(uri) {
+		return "", uriErr("a PCR selection only applies to %s: key URIs, not %q", Scheme, scheme(uri))
+	}
+	u, err := ParseURI(uri)
+	if err != nil {
+		return "", err
+	}
+	want, err := ParsePCRs(pcrList(pcrs)) // the one rule: range, duplicates, order
+	if err != nil {
+		return "", err
+	}
+	if u.PCRsSet {
+		if !slices.Equal(u.PCRs, want) {
+			return "", uriErr("the key URI already selects PCRs %s, the PCR selection given is %s", pcrList(u.PCRs), pcrList(want))
+		}
+		return uri, nil
+	}
+	return uri + ";pcrs=" + pcrList(want), nil
+}
+
+// scheme is the scheme of a key URI, for messages (never the rest, which
+// may hold a PIN).
+func scheme(uri string) string {
+	s, _, ok := strings.Cut(uri, ":")
+	if !ok {
+		return "(no scheme)"
+	}
+	return s + ":"
 }

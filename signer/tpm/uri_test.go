@@ -109,5 +109,60 @@ func FuzzParseURI(f *testing.F) {
 		if err != nil || again.String() != u.String() {
 			t.Fatalf("%q: canonical form %q does not round-trip: %v", s, u.String(), err)
 		}
+		// WithPCRs of the URI's own selection agrees with the parser.
+		with, err := WithPCRs(s, u.PCRs)
+		if err != nil {
+			if u.PCRsSet {
+				t.Fatalf("WithPCRs(%q, its own PCRs %v): %v", s, u.PCRs, err)
+			}
+			return
+		}
+		w, err := ParseURI(with)
+		if err != nil || !slices.Equal(w.PCRs, u.PCRs) || !w.PCRsSet {
+			t.Fatalf("WithPCRs(%q) = %q: %+v, %v", s, with, w, err)
+		}
 	})
+}
+
+func TestWithPCRs(t *testing.T) {
+	tests := []struct {
+		uri     string
+		pcrs    []int
+		want    string
+		wantErr string
+	}{
+		{"tpm:path=/k.tpmkey", []int{7, 11}, "tpm:path=/k.tpmkey;pcrs=7,11", ""},
+		{"tpm:path=/k.tpmkey", []int{11, 7}, "tpm:path=/k.tpmkey;pcrs=7,11", ""},
+		{"tpm:path=/k.tpmkey;pcrs=7,11", []int{11, 7}, "tpm:path=/k.tpmkey;pcrs=7,11", ""},
+		{"tpm:path=/k.tpmkey", nil, "tpm:path=/k.tpmkey", ""},
+		{"tpm:path=/k.tpmkey;pcrs=7", []int{7, 11}, "", "already selects PCRs 7"},
+		{"tpm:path=/k.tpmkey", []int{7, 7}, "", "twice"}, // the one rule: a duplicate is a typo
+		{"tpm:path=/k.tpmkey", []int{24}, "", "PCR index"},
+		{"tpm:path=relative", []int{7}, "", "absolute"},
+		{"file:/k.key", []int{7}, "", "only applies to tpm: key URIs, not \"file:\""},
+		{"pkcs11:token=t?pin-value=1234", []int{7}, "", "not \"pkcs11:\""},
+	}
+	for _, tt := range tests {
+		got, err := WithPCRs(tt.uri, tt.pcrs)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, signer.ErrInvalidURI) {
+				t.Errorf("WithPCRs(%q, %v) err = %v, want ErrInvalidURI containing %q", tt.uri, tt.pcrs, err, tt.wantErr)
+			}
+			if err != nil && strings.Contains(err.Error(), "1234") {
+				t.Errorf("WithPCRs error shows the URI's PIN: %v", err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("WithPCRs(%q, %v) = %q, %v; want %q", tt.uri, tt.pcrs, got, err, tt.want)
+		}
+	}
+}
+
+func TestIsKeyURI(t *testing.T) {
+	for uri, want := range map[string]bool{"tpm:handle=0x81000100": true, "tpm:": true, "TPM:x": false, "file:/k": false, "": false} {
+		if got := IsKeyURI(uri); got != want {
+			t.Errorf("IsKeyURI(%q) = %v", uri, got)
+		}
+	}
 }

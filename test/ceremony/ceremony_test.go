@@ -8,8 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/steward-trustd/steward-trustd/internal/apidtest"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
-	"github.com/steward-trustd/steward-trustd/keystore/apidtest"
 	"github.com/steward-trustd/steward-trustd/signer/pkcs11/softhsm"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
@@ -116,8 +118,8 @@ func lifecycle(t *testing.T, b backend) {
 	uri, env, initArgs, secrets := b.setup(t)
 	root := t.TempDir()
 	dir := filepath.Join(root, "ceremony")
-	caCrt := filepath.Join(dir, keystore.FileCACert)
-	patch := filepath.Join(dir, keystore.FileWorkerPatch)
+	caCrt := filepath.Join(dir, certdir.FileCACert)
+	patch := filepath.Join(dir, certdir.FileWorkerPatch)
 	oldURI, newURI := uri("os-ca"), uri("os-ca-next")
 	var outputs []string
 
@@ -155,7 +157,7 @@ func lifecycle(t *testing.T, b backend) {
 	csr, userCrt := filepath.Join(root, "user.csr"), filepath.Join(root, "user.crt")
 	writeCSR(t, csr, "alice")
 	outputs = append(outputs, mustCeremony(t, env, "sign-csr", "--signer", oldURI, "--ca", caCrt, "--csr", csr, "--roles", "os:reader,os:etcd:backup", "--out", userCrt).stdout)
-	user, err := keystore.ParseCertificate(readFile(t, userCrt))
+	user, err := pki.ParseCertificate(readFile(t, userCrt))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +175,7 @@ func lifecycle(t *testing.T, b backend) {
 	d.Stop(t)
 	d = startDaemon(t, dir, oldURI, env...)
 	newTC := filepath.Join(root, "new.talosconfig")
-	outputs = append(outputs, mustCeremony(t, env, "talosconfig", "--signer", newURI, "--ca", filepath.Join(dir, keystore.FileNextCACert), "--context", "e2e", "--endpoints", "127.0.0.1", "--out", newTC).stdout)
+	outputs = append(outputs, mustCeremony(t, env, "talosconfig", "--signer", newURI, "--ca", filepath.Join(dir, certdir.FileNextCACert), "--context", "e2e", "--endpoints", "127.0.0.1", "--out", newTC).stdout)
 	srv, n = apid(t, d, workerConfig(t, patch))
 	if n != 2 {
 		t.Errorf("bundle during rotation has %d CAs, want 2", n)
@@ -207,10 +209,10 @@ func lifecycle(t *testing.T, b backend) {
 		t.Errorf("receipts %q, want %q", got, want)
 	}
 	// No secret in any receipt or output.
-	token := strings.TrimSpace(string(readFile(t, filepath.Join(dir, keystore.FileToken))))
-	receipts, _ := os.ReadDir(filepath.Join(dir, keystore.DirReceipts))
+	token := strings.TrimSpace(string(readFile(t, filepath.Join(dir, certdir.FileToken))))
+	receipts, _ := os.ReadDir(filepath.Join(dir, certdir.DirReceipts))
 	for _, e := range receipts {
-		outputs = append(outputs, string(readFile(t, filepath.Join(dir, keystore.DirReceipts, e.Name()))))
+		outputs = append(outputs, string(readFile(t, filepath.Join(dir, certdir.DirReceipts, e.Name()))))
 	}
 	for _, s := range append(secrets, token) {
 		for _, o := range outputs {
@@ -249,13 +251,13 @@ func TestImport(t *testing.T) {
 			if !strings.Contains(r.stdout, "shred -u "+filepath.Join(src, "os-ca.key")) {
 				t.Errorf("import does not tell to destroy the source:\n%s", r)
 			}
-			st := status(t, env, uri("imported"), filepath.Join(out, keystore.FileCACert))
+			st := status(t, env, uri("imported"), filepath.Join(out, certdir.FileCACert))
 			if st.Key.Extractable != b.extractable || !st.CA.KeyMatches {
 				t.Errorf("imported key status %+v", st)
 			}
 			csr := filepath.Join(root, "u.csr")
 			writeCSR(t, csr, "bob")
-			mustCeremony(t, env, "sign-csr", "--signer", uri("imported"), "--ca", filepath.Join(out, keystore.FileCACert), "--csr", csr, "--roles", "os:reader", "--out", filepath.Join(root, "u.crt"))
+			mustCeremony(t, env, "sign-csr", "--signer", uri("imported"), "--ca", filepath.Join(out, certdir.FileCACert), "--csr", csr, "--roles", "os:reader", "--out", filepath.Join(root, "u.crt"))
 
 			// Talos's default OS CA is Ed25519.
 			secrets := filepath.Join("..", "..", "keystore", "testdata", "talos-secrets.yaml")
@@ -265,7 +267,7 @@ func TestImport(t *testing.T) {
 				if r.code != 0 {
 					t.Fatalf("Ed25519 import: %s", r)
 				}
-				if tok := strings.TrimSpace(string(readFile(t, filepath.Join(edOut, keystore.FileToken)))); tok != "oamejv.9tk1nhuwnlc2nghf" {
+				if tok := strings.TrimSpace(string(readFile(t, filepath.Join(edOut, certdir.FileToken)))); tok != "oamejv.9tk1nhuwnlc2nghf" {
 					t.Errorf("the cluster's trustd token was not kept: %q", tok)
 				}
 				return

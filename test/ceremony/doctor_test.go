@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 )
 
 // runTool runs a binary and returns "" on success, else the error and
@@ -32,13 +32,13 @@ func TestDoctorFindsProblems(t *testing.T) {
 	keyURI := "file:" + filepath.Join(root, "ca.key")
 	dir := filepath.Join(root, "ceremony")
 	mustCeremony(t, nil, "init", "--signer", keyURI, "--cluster", "doc", "--out", dir)
-	caCrt := filepath.Join(dir, keystore.FileCACert)
-	patch := filepath.Join(dir, keystore.FileWorkerPatch)
+	caCrt := filepath.Join(dir, certdir.FileCACert)
+	patch := filepath.Join(dir, certdir.FileWorkerPatch)
 
 	// A cert dir whose serving certificate lacks 127.0.0.1.
 	noSAN := filepath.Join(root, "nosan")
 	mustCeremony(t, nil, "server-cert", "--signer", keyURI, "--ca", caCrt, "--san", "10.9.9.9,trustd.example", "--out", noSAN)
-	for _, n := range []string{keystore.FileCACert, keystore.FileToken} {
+	for _, n := range []string{certdir.FileCACert, certdir.FileToken} {
 		if err := os.WriteFile(filepath.Join(noSAN, n), readFile(t, filepath.Join(dir, n)), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -51,7 +51,7 @@ func TestDoctorFindsProblems(t *testing.T) {
 	// The worker config with a wrong token.
 	wrongTok := filepath.Join(root, "wrong-token.yaml")
 	p := readFile(t, patch)
-	tok := strings.TrimSpace(string(readFile(t, filepath.Join(dir, keystore.FileToken))))
+	tok := strings.TrimSpace(string(readFile(t, filepath.Join(dir, certdir.FileToken))))
 	if err := os.WriteFile(wrongTok, bytes.Replace(p, []byte(tok), []byte(strings.Repeat("0", len(tok))), 1), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -28,9 +28,10 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/steward-trustd/steward-trustd/internal/apidtest"
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
-	"github.com/steward-trustd/steward-trustd/keystore"
-	"github.com/steward-trustd/steward-trustd/keystore/apidtest"
+	"github.com/steward-trustd/steward-trustd/internal/doctor"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 )
 
 // binDir holds the binaries built once by TestMain.
@@ -120,7 +121,7 @@ func startDaemon(t *testing.T, certDir, signerURI string, env ...string) *daemon
 // does (TLS verified against the worker config's CAs, token metadata) and
 // returns the `ca` bundle and a serving certificate for 127.0.0.1 that an
 // apid-like server can use.
-func workerCertificate(t *testing.T, addr string, wc *keystore.WorkerConfig) ([]*x509.Certificate, tls.Certificate) {
+func workerCertificate(t *testing.T, addr string, wc *doctor.WorkerConfig) ([]*x509.Certificate, tls.Certificate) {
 	t.Helper()
 	roots := x509.NewCertPool()
 	roots.AddCert(wc.CA)
@@ -148,11 +149,11 @@ func workerCertificate(t *testing.T, addr string, wc *keystore.WorkerConfig) ([]
 	if err != nil {
 		t.Fatalf("worker certificate request: %v", err)
 	}
-	bundle, err := keystore.ParseCertificates(resp.GetCa())
+	bundle, err := pki.ParseCertificates(resp.GetCa())
 	if err != nil {
 		t.Fatalf("returned ca: %v", err)
 	}
-	crt, err := keystore.ParseCertificate(resp.GetCrt())
+	crt, err := pki.ParseCertificate(resp.GetCrt())
 	if err != nil {
 		t.Fatalf("returned crt: %v", err)
 	}
@@ -162,7 +163,7 @@ func workerCertificate(t *testing.T, addr string, wc *keystore.WorkerConfig) ([]
 // apid starts an apid-like server the way a worker runs it after asking
 // the daemon: serving with the daemon-issued certificate, client CAs =
 // the returned bundle.
-func apid(t *testing.T, d *daemon, wc *keystore.WorkerConfig) (*apidtest.Server, int) {
+func apid(t *testing.T, d *daemon, wc *doctor.WorkerConfig) (*apidtest.Server, int) {
 	t.Helper()
 	bundle, serving := workerCertificate(t, d.Addr, wc)
 	srv, err := apidtest.Start(serving, bundle)
@@ -173,13 +174,13 @@ func apid(t *testing.T, d *daemon, wc *keystore.WorkerConfig) (*apidtest.Server,
 	return srv, len(bundle)
 }
 
-func workerConfig(t *testing.T, path string) *keystore.WorkerConfig {
+func workerConfig(t *testing.T, path string) *doctor.WorkerConfig {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wc, err := keystore.ParseWorkerConfig(data)
+	wc, err := doctor.ParseWorkerConfig(data)
 	if err != nil {
 		t.Fatal(err)
 	}

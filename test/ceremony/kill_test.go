@@ -3,6 +3,8 @@ package ceremony_test
 import (
 	"bytes"
 	"errors"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -45,7 +47,7 @@ var killScenarios = []killScenario{
 	{
 		name:    "init",
 		prepare: func(t *testing.T, root string) []string { return initArgs(root) },
-		keys:    1, op: "init", keyOp: "init.key", cert: keystore.FileCACert,
+		keys:    1, op: "init", keyOp: "init.key", cert: certdir.FileCACert,
 	},
 	{
 		name: "import",
@@ -54,7 +56,7 @@ var killScenarios = []killScenario{
 			runTool(t, filepath.Join(binDir, "steward-trustd-gencreds"), "-cluster", "kill", "-output", src)
 			return []string{"import", "--signer", fileKey(root, "old"), "--key", filepath.Join(src, "os-ca.key"), "--cert", filepath.Join(src, "os-ca.crt"), "--out", filepath.Join(root, "out")}
 		},
-		keys: 1, op: "import", cert: keystore.FileCACert,
+		keys: 1, op: "import", cert: certdir.FileCACert,
 	},
 	{
 		name: "rotate",
@@ -62,18 +64,18 @@ var killScenarios = []killScenario{
 			mustCeremony(t, nil, initArgs(root)...)
 			return rotateArgs(root)
 		},
-		keys: 2, op: "rotate", keyOp: "rotate.key", cert: keystore.FileNextCACert,
+		keys: 2, op: "rotate", keyOp: "rotate.key", cert: certdir.FileNextCACert,
 	},
 	{
 		name: "rotate --finish",
 		prepare: func(t *testing.T, root string) []string {
 			out := filepath.Join(root, "out")
 			mustCeremony(t, nil, initArgs(root)...)
-			mustCeremony(t, nil, "server-cert", "--signer", fileKey(root, "old"), "--ca", filepath.Join(out, keystore.FileCACert), "--san", "127.0.0.1", "--out", out)
+			mustCeremony(t, nil, "server-cert", "--signer", fileKey(root, "old"), "--ca", filepath.Join(out, certdir.FileCACert), "--san", "127.0.0.1", "--out", out)
 			mustCeremony(t, nil, rotateArgs(root)...)
 			return append(rotateArgs(root), "--finish")
 		},
-		keys: 2, op: "rotate.finish", cert: keystore.FileCACert,
+		keys: 2, op: "rotate.finish", cert: certdir.FileCACert,
 	},
 }
 
@@ -215,11 +217,11 @@ func checkAfterKill(t *testing.T, root string, sc killScenario, step string) {
 	if count[sc.op] < 1 {
 		t.Fatalf("killed at %s: no %q receipt", step, sc.op)
 	}
-	ca, err := keystore.ParseCertificate(readFile(t, d.Path(sc.cert)))
+	ca, err := pki.ParseCertificate(readFile(t, d.Path(sc.cert)))
 	if err != nil {
 		t.Fatalf("killed at %s: %v", step, err)
 	}
-	if fp := keystore.CertFingerprint(ca); last.CertificateFingerprint != fp {
+	if fp := pki.CertFingerprint(ca); last.CertificateFingerprint != fp {
 		t.Errorf("killed at %s: the %s receipt records certificate %s, %s is %s", step, sc.op, last.CertificateFingerprint, sc.cert, fp)
 	}
 	for _, f := range last.Files {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/go-tpm/tpm2"
 
-	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
@@ -23,7 +23,7 @@ func TestTPMPolicyStatus(t *testing.T) {
 	uri := "tpm:path=" + filepath.Join(root, "ca.tpmkey") + ";" + sw.URIAttrs()
 	dir := filepath.Join(root, "ceremony")
 	mustCeremony(t, nil, "init", "--signer", uri, "--cluster", "pcr", "--pcrs", "7,11", "--out", dir)
-	caCrt := filepath.Join(dir, keystore.FileCACert)
+	caCrt := filepath.Join(dir, certdir.FileCACert)
 	st := status(t, nil, uri, caCrt)
 	if !st.PolicyChecked || !st.PolicySatisfied || st.Key.Extractable {
 		t.Fatalf("fresh key: %+v", st)

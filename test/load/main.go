@@ -13,14 +13,10 @@ package main
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,7 +24,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -36,12 +31,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/workerclient"
 )
 
 type options struct {
@@ -115,8 +110,8 @@ func (o *options) validate() error {
 	if o.duration <= 0 || o.duration > time.Hour {
 		return errors.New("-duration must be in (0, 1h]")
 	}
-	if o.keyType != "p256" && o.keyType != "ed25519" {
-		return fmt.Errorf("-key %q: want p256 or ed25519", o.keyType)
+	if _, err := workerclient.ParseKeyType(o.keyType); err != nil {
+		return fmt.Errorf("-key: %w", err)
 	}
 	return nil
 }
@@ -137,66 +132,84 @@ func (r *result) addErr(c codes.Code) {
 }
 
 func runLoad(o options, stdout io.Writer) (*result, error) {
-	token, err := os.ReadFile(filepath.Join(o.certs, "token"))
+	dir := certdir.OSDir(o.certs)
+	token, err := dir.ReadFile(certdir.FileToken)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("worker token: %w", err)
 	}
-	roots := x509.NewCertPool()
-	for _, f := range []string{"os-ca.crt", "accepted-cas.crt"} {
-		b, err := os.ReadFile(filepath.Join(o.certs, f))
-		if err != nil {
-			if f == "accepted-cas.crt" && errors.Is(err, os.ErrNotExist) {
-				continue
-			}
-			return nil, err
-		}
-		if !roots.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("%s: no certificate", f)
-		}
+	// A worker trusts machine.ca and machine.acceptedCAs: the cert dir's
+	// os-ca.crt and accepted-cas.crt.
+	_, bundle, err := certdir.ReadBundle(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", o.certs, err)
 	}
 	host, _, _ := net.SplitHostPort(o.addr)
-	tlsCfg := &tls.Config{RootCAs: roots, ServerName: host, MinVersion: tls.VersionTLS12}
+	tlsCfg := workerclient.TLSConfig(workerclient.Roots(bundle...), host)
 	ctx, cancel := context.WithTimeout(context.Background(), o.duration)
 	defer cancel()
 
 	res := &result{codes: map[codes.Code]int{}}
-	var next atomic.Int64
-	start := time.Now()
+	f := &fleet{o: o, tlsCfg: tlsCfg, token: strings.TrimSpace(string(token)), res: res, stdout: stdout, start: time.Now()}
 	var wg sync.WaitGroup
 	for w := 0; w < o.workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var kept *grpc.ClientConn // with -reuse: this client's connection
-			defer func() {
-				if kept != nil {
-					kept.Close()
-				}
-			}()
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(o.requests) || ctx.Err() != nil {
-					return
-				}
-				if o.ramp > 0 {
-					arrival := start.Add(time.Duration(int64(o.ramp) * i / int64(o.requests)))
-					select {
-					case <-time.After(time.Until(arrival)):
-					case <-ctx.Done():
-						return
-					}
-				}
-				var source netip.Addr
-				if o.sources {
-					source = sourceFor(i)
-				}
-				boot(ctx, o, tlsCfg, source, strings.TrimSpace(string(token)), res, stdout, &kept)
-			}
+			f.client(ctx)
 		}()
 	}
 	wg.Wait()
-	res.elapsed = time.Since(start)
+	res.elapsed = time.Since(f.start)
 	return res, nil
+}
+
+// fleet is the simulated workers of one run: concurrent clients take
+// the next worker boot until o.requests have been taken.
+type fleet struct {
+	o      options
+	tlsCfg *tls.Config
+	token  string
+	res    *result
+	stdout io.Writer
+	start  time.Time
+	next   atomic.Int64
+}
+
+// client is one concurrent client: it boots workers one after another,
+// each at its arrival time when the run has a ramp.
+func (f *fleet) client(ctx context.Context) {
+	var kept *grpc.ClientConn // with -reuse: this client's connection
+	defer func() {
+		if kept != nil {
+			kept.Close()
+		}
+	}()
+	for {
+		i := f.next.Add(1) - 1
+		if i >= int64(f.o.requests) || ctx.Err() != nil || !f.arrive(ctx, i) {
+			return
+		}
+		var source netip.Addr
+		if f.o.sources {
+			source = sourceFor(i)
+		}
+		boot(ctx, f.o, f.tlsCfg, source, f.token, f.res, f.stdout, &kept)
+	}
+}
+
+// arrive waits for worker i's arrival time on the ramp; false if the run
+// ended first.
+func (f *fleet) arrive(ctx context.Context, i int64) bool {
+	if f.o.ramp <= 0 {
+		return true
+	}
+	arrival := f.start.Add(time.Duration(int64(f.o.ramp) * i / int64(f.o.requests)))
+	select {
+	case <-time.After(time.Until(arrival)):
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // boot is one worker obtaining its certificate: a fresh key and CSR, and
@@ -207,7 +220,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 	if source.IsValid() {
 		ip = source.AsSlice()
 	}
-	_, csr, err := newCSR(o.keyType, ip)
+	_, csr, err := newCSR(workerclient.KeyType(o.keyType), ip)
 	if err != nil {
 		res.addErr(codes.Internal)
 		return
@@ -223,7 +236,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 				return
 			}
 		}
-		crt, err := attempt(ctx, o, conn, token, csr)
+		resp, err := attempt(ctx, o, conn, token, csr)
 		if o.reuse {
 			*kept = conn
 		} else {
@@ -237,7 +250,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 			res.boots = append(res.boots, time.Since(arrived))
 			res.mu.Unlock()
 			if o.print {
-				printCert(stdout, crt)
+				printCert(stdout, resp)
 			}
 			return
 		}
@@ -258,14 +271,13 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 
 // dial opens a connection to the daemon, from source when it is valid.
 func dial(o options, tlsCfg *tls.Config, source netip.Addr) (*grpc.ClientConn, error) {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg.Clone()))}
-	if source.IsValid() {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: source.AsSlice()}}
-		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return d.DialContext(ctx, "tcp", addr)
-		}))
+	if !source.IsValid() {
+		return workerclient.Dial(o.addr, tlsCfg)
 	}
-	return grpc.NewClient(o.addr, opts...)
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: source.AsSlice()}}
+	return workerclient.Dial(o.addr, tlsCfg, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		return d.DialContext(ctx, "tcp", addr)
+	}))
 }
 
 // sourceFor returns worker i's loopback source address: 127.1.0.1,
@@ -274,63 +286,34 @@ func sourceFor(i int64) netip.Addr {
 	return netip.AddrFrom4([4]byte{127, byte(1 + i/(254*254)%254), byte(i/254%254 + 1), byte(i%254 + 1)})
 }
 
-func attempt(ctx context.Context, o options, conn *grpc.ClientConn, token string, csr []byte) ([]byte, error) {
+// attempt is one request as a worker makes it; a response the worker
+// could not use counts as DataLoss.
+func attempt(ctx context.Context, o options, conn *grpc.ClientConn, token string, csr []byte) (*workerclient.Response, error) {
 	actx, cancel := context.WithTimeout(ctx, o.reqTimeout)
 	defer cancel()
-	actx = metadata.AppendToOutgoingContext(actx, "token", token)
-	resp, err := securityapi.NewSecurityServiceClient(conn).Certificate(actx, &securityapi.CertificateRequest{Csr: csr})
-	if err != nil {
-		return nil, err
+	resp, err := workerclient.Request(actx, conn, token, csr)
+	var bad *workerclient.ResponseError
+	if errors.As(err, &bad) {
+		return nil, status.Error(codes.DataLoss, bad.Error())
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(resp.Ca) {
-		return nil, status.Error(codes.DataLoss, "returned ca is not a PEM bundle")
-	}
-	block, _ := pem.Decode(resp.Crt)
-	if block == nil {
-		return nil, status.Error(codes.DataLoss, "returned crt is not PEM")
-	}
-	cert, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		return nil, status.Error(codes.DataLoss, "returned crt does not parse")
-	}
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-		return nil, status.Error(codes.DataLoss, "returned crt does not verify against ca")
-	}
-	return resp.Crt, nil
+	return resp, err
 }
 
-func newCSR(keyType string, ip net.IP) (crypto.Signer, []byte, error) {
-	var key crypto.Signer
-	var err error
-	if keyType == "ed25519" {
-		_, key, err = ed25519.GenerateKey(rand.Reader)
-	} else {
-		key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	}
-	if err != nil {
-		return nil, nil, err
-	}
+// newCSR is a worker's fresh key and CSR: a random host name as DNS SAN
+// and CommonName, ip as IP SAN.
+func newCSR(kt workerclient.KeyType, ip net.IP) (crypto.Signer, []byte, error) {
 	host := "worker-" + strconv.FormatInt(randInt(1<<30), 36)
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+	return workerclient.NewCSR(rand.Reader, kt, &x509.CertificateRequest{
 		Subject:     pkix.Name{CommonName: host},
 		DNSNames:    []string{host},
 		IPAddresses: []net.IP{ip},
-	}, key)
-	if err != nil {
-		return nil, nil, err
-	}
-	return key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
+	})
 }
 
-func printCert(w io.Writer, crtPEM []byte) {
-	block, _ := pem.Decode(crtPEM)
-	c, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		return
-	}
+func printCert(w io.Writer, r *workerclient.Response) {
+	c := r.Cert
 	fmt.Fprintf(w, "issued: subject=%q dns=%v ips=%v eku=serverAuth not_after=%s serial=%x\n%s",
-		c.Subject.String(), c.DNSNames, c.IPAddresses, c.NotAfter.Format(time.RFC3339), c.SerialNumber, crtPEM)
+		c.Subject.String(), c.DNSNames, c.IPAddresses, c.NotAfter.Format(time.RFC3339), c.SerialNumber, r.CertPEM)
 }
 
 func randInt(n int64) int64 {

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/signer/pkcs11/softhsm"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
@@ -21,7 +22,7 @@ func BenchmarkIssuance(b *testing.B) {
 	b.Run("file", func(b *testing.B) {
 		certs := gencreds(b)
 		d := startDaemon(b, "TRUSTD_CERT_DIR="+certs, "TRUSTD_PEER_RATE=-1", "TRUSTD_SIGNER_QUEUE=1024")
-		runIssuance(b, d, strings.TrimSpace(string(readFile(b, filepath.Join(certs, "token")))), readFile(b, filepath.Join(certs, "os-ca.crt")))
+		runIssuance(b, d, strings.TrimSpace(string(readFile(b, filepath.Join(certs, certdir.FileToken)))), readFile(b, filepath.Join(certs, certdir.FileCACert)))
 	})
 	b.Run("tpm-swtpm", func(b *testing.B) {
 		sw := tpmsim.StartSwtpm(b, tpmsim.SwtpmOptions{})

@@ -13,6 +13,8 @@ import (
 
 	talosx509 "github.com/siderolabs/crypto/x509"
 	"github.com/siderolabs/talos/pkg/grpc/gen"
+
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 )
 
 // workerCSR selects how the simulated worker builds its key and CSR.
@@ -104,8 +106,8 @@ func TestFileBackend(t *testing.T) {
 		t.Run(alg, func(t *testing.T) {
 			certs := gencreds(t, "-algorithm", alg)
 			d := startDaemon(t, "TRUSTD_CERT_DIR="+certs)
-			token := strings.TrimSpace(string(readFile(t, filepath.Join(certs, "token"))))
-			caPEM := readFile(t, filepath.Join(certs, "os-ca.crt"))
+			token := strings.TrimSpace(string(readFile(t, filepath.Join(certs, certdir.FileToken))))
+			caPEM := readFile(t, filepath.Join(certs, certdir.FileCACert))
 			for _, mode := range []struct {
 				name string
 				m    workerCSR
@@ -142,14 +144,14 @@ func TestFileBackend(t *testing.T) {
 func TestSelfIssuedServingCert(t *testing.T) {
 	certs := gencreds(t)
 	// Remove the pre-made serving pair: the daemon must issue its own.
-	for _, f := range []string{"server.crt", "server.key"} {
+	for _, f := range []string{certdir.FileServerCert, certdir.FileServerKey} {
 		if err := removeFile(filepath.Join(certs, f)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	d2 := startDaemon(t, "TRUSTD_CERT_DIR="+certs, "TRUSTD_CERT_SANS=trustd.example")
-	token := strings.TrimSpace(string(readFile(t, filepath.Join(certs, "token"))))
-	caPEM := readFile(t, filepath.Join(certs, "os-ca.crt"))
+	token := strings.TrimSpace(string(readFile(t, filepath.Join(certs, certdir.FileToken))))
+	caPEM := readFile(t, filepath.Join(certs, certdir.FileCACert))
 	ca, crt, id, err := workerRequest(t, d2.Addr, token, caPEM, csrFromCA, 20*time.Second)
 	if err != nil {
 		t.Fatalf("worker request: %v\n%s", err, d2.Logs())
@@ -168,22 +170,22 @@ func TestInlineConfiguration(t *testing.T) {
 	b64 := func(name string) string {
 		return base64.StdEncoding.EncodeToString(readFile(t, filepath.Join(certs, name)))
 	}
-	token := strings.TrimSpace(string(readFile(t, filepath.Join(certs, "token"))))
+	token := strings.TrimSpace(string(readFile(t, filepath.Join(certs, certdir.FileToken))))
 	d := startDaemon(t,
 		"TRUSTD_CERT_DIR="+t.TempDir(),
 		"TRUSTD_TOKEN="+token,
-		"TRUSTD_OS_CA_CRT="+b64("os-ca.crt"),
-		"TRUSTD_OS_CA_KEY="+b64("os-ca.key"),
-		"TRUSTD_SERVER_CRT="+b64("server.crt"),
-		"TRUSTD_SERVER_KEY="+b64("server.key"),
+		"TRUSTD_OS_CA_CRT="+b64(certdir.FileCACert),
+		"TRUSTD_OS_CA_KEY="+b64(certdir.FileCAKey),
+		"TRUSTD_SERVER_CRT="+b64(certdir.FileServerCert),
+		"TRUSTD_SERVER_KEY="+b64(certdir.FileServerKey),
 	)
-	caPEM := readFile(t, filepath.Join(certs, "os-ca.crt"))
+	caPEM := readFile(t, filepath.Join(certs, certdir.FileCACert))
 	ca, crt, id, err := workerRequest(t, d.Addr, token, caPEM, csrFromCA, 20*time.Second)
 	if err != nil {
 		t.Fatalf("worker request: %v\n%s", err, d.Logs())
 	}
 	checkIssued(t, ca, crt, id, [][]byte{caPEM})
-	if strings.Contains(d.Logs(), token) || strings.Contains(d.Logs(), b64("os-ca.key")) {
+	if strings.Contains(d.Logs(), token) || strings.Contains(d.Logs(), b64(certdir.FileCAKey)) {
 		t.Fatal("a secret from the environment appears in the log")
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/signer/pkcs11/softhsm"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
@@ -55,8 +56,8 @@ func startOnDevice(t testing.TB, uri string, env ...string) *deviceDaemon {
 	}, env...)...)
 	return &deviceDaemon{
 		daemon: d,
-		token:  strings.TrimSpace(string(readFile(t, filepath.Join(out, "token")))),
-		caPEM:  readFile(t, filepath.Join(out, "os-ca.crt")),
+		token:  strings.TrimSpace(string(readFile(t, filepath.Join(out, certdir.FileToken)))),
+		caPEM:  readFile(t, filepath.Join(out, certdir.FileCACert)),
 		health: "http://" + health,
 	}
 }

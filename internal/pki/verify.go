@@ -1,4 +1,4 @@
-package keystore
+package pki
 
 import (
 	"crypto"
@@ -10,9 +10,10 @@ import (
 	"fmt"
 )
 
-// verifySignature checks a signature made as VerifyDeviceSignature asks:
-// SHA-256 for ECDSA and RSA (PKCS #1 v1.5), the message itself for Ed25519.
-func verifySignature(pub crypto.PublicKey, msg, sig []byte) error {
+// VerifySignature checks sig over msg with pub the way the ceremony has a
+// device sign: a SHA-256 digest for ECDSA (ASN.1) and RSA (PKCS #1 v1.5,
+// RFC 8017 section 8.2), the message itself for Ed25519 (RFC 8032).
+func VerifySignature(pub crypto.PublicKey, msg, sig []byte) error {
 	sum := sha256.Sum256(msg)
 	switch k := pub.(type) {
 	case *ecdsa.PublicKey:

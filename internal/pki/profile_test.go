@@ -1,4 +1,4 @@
-package keystore
+package pki
 
 import (
 	"bytes"
@@ -6,12 +6,9 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"errors"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/steward-trustd/steward-trustd/signer"
 )
 
 func TestParseRoles(t *testing.T) {
@@ -97,38 +94,3 @@ func TestProfiles(t *testing.T) {
 		t.Error("empty role set accepted")
 	}
 }
-
-func TestWithPCRs(t *testing.T) {
-	tests := []struct {
-		uri, pcrs, want, wantErr string
-	}{
-		{"tpm:path=/k.tpmkey", "7,11", "tpm:path=/k.tpmkey;pcrs=7,11", ""},
-		{"tpm:path=/k.tpmkey", "11,7,7", "tpm:path=/k.tpmkey;pcrs=7,11", ""},
-		{"tpm:path=/k.tpmkey;pcrs=7,11", "11,7", "tpm:path=/k.tpmkey;pcrs=7,11", ""},
-		{"tpm:path=/k.tpmkey;pcrs=7", "7,11", "", "already selects"},
-		{"file:/k.key", "7", "", "only applies to tpm"},
-	}
-	for _, tt := range tests {
-		pcrs, err := ParsePCRList(tt.pcrs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := WithPCRs(tt.uri, pcrs)
-		if tt.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errorsIs(err, signer.ErrInvalidURI) {
-				t.Errorf("WithPCRs(%q, %s) err = %v", tt.uri, tt.pcrs, err)
-			}
-			continue
-		}
-		if err != nil || got != tt.want {
-			t.Errorf("WithPCRs(%q, %s) = %q, %v; want %q", tt.uri, tt.pcrs, got, err, tt.want)
-		}
-	}
-	for _, bad := range []string{"", "24", "-1", "x", "7,,11"} {
-		if _, err := ParsePCRList(bad); err == nil {
-			t.Errorf("ParsePCRList(%q) accepted", bad)
-		}
-	}
-}
-
-func errorsIs(err, target error) bool { return errors.Is(err, target) }

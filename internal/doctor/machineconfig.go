@@ -1,4 +1,4 @@
-package keystore
+package doctor
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 
 	talosx509 "github.com/siderolabs/crypto/x509"
 	"go.yaml.in/yaml/v4"
+
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 )
 
 // machineConfigDoc holds the fields of a Talos v1alpha1 machine config
@@ -74,11 +76,11 @@ func ParseWorkerConfig(data []byte) (*WorkerConfig, error) {
 			return nil, errors.New("machine config: machine.ca.crt is empty")
 		}
 		wc.HasCAKey = len(doc.Machine.CA.Key) > 0
-		if wc.CA, err = ParseCertificate(doc.Machine.CA.Crt); err != nil {
+		if wc.CA, err = pki.ParseCertificate(doc.Machine.CA.Crt); err != nil {
 			return nil, fmt.Errorf("machine config: machine.ca.crt: %w", err)
 		}
 		for i, a := range doc.Machine.AcceptedCAs {
-			certs, err := ParseCertificates(a.Crt)
+			certs, err := pki.ParseCertificates(a.Crt)
 			if err != nil {
 				return nil, fmt.Errorf("machine config: machine.acceptedCAs[%d]: %w", i, err)
 			}

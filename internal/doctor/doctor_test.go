@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 )
 
 type fakeResolver map[string][]string
@@ -25,7 +25,7 @@ func (f fakeResolver) LookupHost(_ context.Context, host string) ([]string, erro
 
 func TestRunStopsEarly(t *testing.T) {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	ca, err := keystore.NewCACertificate(key, keystore.CAOptions{Cluster: "c"}, time.Now(), rand.Reader)
+	ca, err := pki.NewCACertificate(key, pki.CAOptions{Cluster: "c"}, time.Now(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,18 +37,18 @@ func TestRunStopsEarly(t *testing.T) {
 	ln.Close()
 	tests := []struct {
 		name     string
-		cfg      *keystore.WorkerConfig
+		cfg      *WorkerConfig
 		endpoint string
 		lastStep string
 		hint     string
 	}{
 		{"no config", nil, "", "machine config", ""},
-		{"CA key in worker config", &keystore.WorkerConfig{Token: "t", CA: ca, HasCAKey: true}, "", "machine config", "must not hold the OS CA key"},
-		{"no endpoint", &keystore.WorkerConfig{Token: "t", CA: ca}, "", "endpoint", "--endpoint"},
-		{"bad endpoint flag", &keystore.WorkerConfig{Token: "t", CA: ca}, "nohostport", "endpoint", "host:port"},
-		{"unresolvable", &keystore.WorkerConfig{Token: "t", CA: ca, Endpoint: "https://api.missing.example:6443"}, "", "dns", "cannot resolve"},
-		{"refused", &keystore.WorkerConfig{Token: "t", CA: ca}, closed, "tcp", "connection refused"},
-		{"resolved then refused", &keystore.WorkerConfig{Token: "t", CA: ca, Endpoint: "https://api.local.example:6443"}, "", "tcp", "connection refused"},
+		{"CA key in worker config", &WorkerConfig{Token: "t", CA: ca, HasCAKey: true}, "", "machine config", "must not hold the OS CA key"},
+		{"no endpoint", &WorkerConfig{Token: "t", CA: ca}, "", "endpoint", "--endpoint"},
+		{"bad endpoint flag", &WorkerConfig{Token: "t", CA: ca}, "nohostport", "endpoint", "host:port"},
+		{"unresolvable", &WorkerConfig{Token: "t", CA: ca, Endpoint: "https://api.missing.example:6443"}, "", "dns", "cannot resolve"},
+		{"refused", &WorkerConfig{Token: "t", CA: ca}, closed, "tcp", "connection refused"},
+		{"resolved then refused", &WorkerConfig{Token: "t", CA: ca, Endpoint: "https://api.local.example:6443"}, "", "tcp", "connection refused"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,14 +6,9 @@ package doctor
 
 import (
 	"context"
-	"crypto"
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/elliptic"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -22,18 +17,12 @@ import (
 	"syscall"
 	"time"
 
-	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
+	"github.com/steward-trustd/steward-trustd/internal/workerclient"
 )
-
-// TrustdPort is the port Talos workers always dial.
-const TrustdPort = "50001"
 
 // Resolver resolves host names (net.DefaultResolver implements it).
 type Resolver interface {
@@ -43,7 +32,7 @@ type Resolver interface {
 // Options configures Run.
 type Options struct {
 	// Config is the worker's machine config.
-	Config *keystore.WorkerConfig
+	Config *WorkerConfig
 	// Endpoint overrides host:port (default: the host of
 	// cluster.controlPlane.endpoint, port 50001).
 	Endpoint string
@@ -110,11 +99,7 @@ func Run(ctx context.Context, o Options) *Report {
 	if o.TalosctlCA == nil {
 		o.TalosctlCA = o.Config.CA
 	}
-	roots := x509.NewCertPool()
-	roots.AddCert(o.Config.CA)
-	for _, c := range o.Config.AcceptedCAs {
-		roots.AddCert(c)
-	}
+	roots := workerclient.Roots(append([]*x509.Certificate{o.Config.CA}, o.Config.AcceptedCAs...)...)
 	detail := fmt.Sprintf("machine.ca %q, %d acceptedCAs, token set", o.Config.CA.Subject, len(o.Config.AcceptedCAs))
 	if o.Config.HasCAKey {
 		r.add(Step{Name: "machine config", OK: false, Detail: detail + ", machine.ca.key set",
@@ -123,7 +108,7 @@ func Run(ctx context.Context, o Options) *Report {
 	}
 	r.add(Step{Name: "machine config", OK: true, Detail: detail})
 
-	host, port := "", TrustdPort
+	host, port := "", workerclient.Port
 	if o.Endpoint != "" {
 		h, p, err := net.SplitHostPort(o.Endpoint)
 		if err != nil {
@@ -229,53 +214,59 @@ func checkTarget(ctx context.Context, r *Report, o Options, roots *x509.CertPool
 	}
 	r.add(Step{Name: "san match", Target: label, OK: true, Detail: serverName})
 
-	// The RPC, exactly as the worker makes it.
-	csrPEM, err := testCSR(o.Config.CA.PublicKey, localIP, o.Rand)
+	checkRPC(ctx, r, o, workerclient.TLSConfig(roots, serverName), addr, label, localIP)
+}
+
+// checkRPC asks for a certificate exactly as the worker does and checks
+// the answer as the worker and apid would.
+func checkRPC(ctx context.Context, r *Report, o Options, tlsCfg *tls.Config, addr, label string, localIP net.IP) {
+	_, csrPEM, err := workerclient.NewCSR(o.Rand, workerclient.KeyTypeFor(o.Config.CA.PublicKey), &x509.CertificateRequest{
+		Subject:     pkix.Name{CommonName: "steward-trustd-doctor", Organization: []string{"os:server"}},
+		IPAddresses: []net.IP{localIP},
+	})
 	if err != nil {
 		r.add(Step{Name: "csr", Target: label, Detail: err.Error()})
 		return
 	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: serverName, MinVersion: tls.VersionTLS12})))
+	cc, err := workerclient.Dial(addr, tlsCfg)
 	if err != nil {
 		r.add(Step{Name: "token", Target: label, Detail: err.Error()})
 		return
 	}
 	defer cc.Close()
-	rctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, "token", o.Config.Token), o.Timeout)
+	rctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	resp, err := securityapi.NewSecurityServiceClient(cc).Certificate(rctx, &securityapi.CertificateRequest{Csr: csrPEM})
-	if err != nil {
-		code := status.Code(err)
-		if code == codes.Unauthenticated {
-			r.add(Step{Name: "token", Target: label, Detail: err.Error(),
-				Hint: "wrong token: machine.token differs from the daemon's token file (TRUSTD_CERT_DIR/token); apply the worker patch from the ceremony directory, or fix the Secret"})
-			return
-		}
+	resp, err := workerclient.Request(rctx, cc, o.Config.Token, csrPEM)
+	var bad *workerclient.ResponseError
+	switch {
+	case errors.As(err, &bad):
+		r.add(Step{Name: "token", Target: label, OK: true, Detail: "accepted"})
+		r.add(Step{Name: "csr", Target: label, Detail: bad.Error(), Hint: responseHint(bad.Part)})
+		return
+	case status.Code(err) == codes.Unauthenticated:
+		r.add(Step{Name: "token", Target: label, Detail: err.Error(),
+			Hint: "wrong token: machine.token differs from the daemon's token file (TRUSTD_CERT_DIR/token); apply the worker patch from the ceremony directory, or fix the Secret"})
+		return
+	case err != nil:
 		r.add(Step{Name: "token", Target: label, OK: true, Detail: "accepted (the request got past authentication)"})
-		r.add(Step{Name: "csr", Target: label, Detail: err.Error(), Hint: rpcHint(code)})
+		r.add(Step{Name: "csr", Target: label, Detail: err.Error(), Hint: rpcHint(status.Code(err))})
 		return
 	}
 	r.add(Step{Name: "token", Target: label, OK: true, Detail: "accepted"})
-	crt, err := keystore.ParseCertificate(resp.GetCrt())
-	if err != nil {
-		r.add(Step{Name: "csr", Target: label, Detail: "response crt: " + err.Error(), Hint: "the server returned no usable certificate: workers would retry forever"})
-		return
-	}
-	bundle, err := keystore.ParseCertificates(resp.GetCa())
-	if err != nil {
-		r.add(Step{Name: "csr", Target: label, Detail: "response ca: " + err.Error(), Hint: "an unparseable ca bundle stops apid from starting on Talos 1.9-1.12"})
-		return
-	}
-	pool := x509.NewCertPool()
-	for _, c := range bundle {
-		pool.AddCert(c)
-	}
-	if _, err := crt.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-		r.add(Step{Name: "csr", Target: label, Detail: "issued certificate does not chain to the returned ca: " + err.Error(), Hint: "the daemon's os-ca.crt is not the CA of its signing key"})
-		return
-	}
+	crt := resp.Cert
 	r.add(Step{Name: "csr", Target: label, OK: true, Detail: fmt.Sprintf("issued %q by %q, valid until %s", crt.Subject, crt.Issuer, crt.NotAfter.UTC().Format(time.RFC3339))})
-	checkBundle(r, label, bundle, o.TalosctlCA)
+	checkBundle(r, label, resp.Bundle, o.TalosctlCA)
+}
+
+// responseHint explains a response a worker could not use.
+func responseHint(p workerclient.Part) string {
+	switch p {
+	case workerclient.PartCert:
+		return "the server returned no usable certificate: workers would retry forever"
+	case workerclient.PartCA:
+		return "an unparseable ca bundle stops apid from starting on Talos 1.9-1.12"
+	}
+	return "the issued certificate does not chain to the returned ca: the daemon's os-ca.crt is not the CA of its signing key"
 }
 
 // checkBundle tells whether apid, whose client-CA pool is the returned
@@ -283,11 +274,7 @@ func checkTarget(ctx context.Context, r *Report, o Options, roots *x509.CertPool
 func checkBundle(r *Report, label string, bundle []*x509.Certificate, ca *x509.Certificate) {
 	for _, b := range bundle {
 		if b.Equal(ca) {
-			ok := len(b.ExtKeyUsage) == 0
-			for _, u := range b.ExtKeyUsage {
-				ok = ok || u == x509.ExtKeyUsageClientAuth || u == x509.ExtKeyUsageAny
-			}
-			if !ok {
+			if !pki.AllowsClientAuth(b) {
 				r.add(Step{Name: "talosctl access", Target: label, Detail: fmt.Sprintf("CA %q is in the bundle but its ExtKeyUsage excludes ClientAuth", ca.Subject), Hint: "apid refuses client chains through such a CA: re-create the CA with the ceremony (EKU ServerAuth+ClientAuth)"})
 				return
 			}
@@ -350,28 +337,4 @@ func rpcHint(code codes.Code) string {
 		return "deadline exceeded: the daemon did not sign within the worker's 10 s attempt window; check the signing device (TPM/HSM) latency"
 	}
 	return "check the steward-trustd logs"
-}
-
-// testCSR makes a CSR like a Talos 1.10+ worker: a key matching the CA's
-// algorithm (P-256 for ECDSA and RSA CAs, to keep the check fast; Ed25519
-// for an Ed25519 CA), the local address as IP SAN.
-func testCSR(caPub crypto.PublicKey, ip net.IP, r io.Reader) ([]byte, error) {
-	var key crypto.Signer
-	var err error
-	if _, ok := caPub.(ed25519.PublicKey); ok {
-		_, key, err = ed25519.GenerateKey(r)
-	} else {
-		key, err = ecdsa.GenerateKey(elliptic.P256(), r)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("generate test key: %w", err)
-	}
-	der, err := x509.CreateCertificateRequest(r, &x509.CertificateRequest{
-		Subject:     pkix.Name{CommonName: "steward-trustd-doctor", Organization: []string{"os:server"}},
-		IPAddresses: []net.IP{ip},
-	}, key)
-	if err != nil {
-		return nil, fmt.Errorf("create test CSR: %w", err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
 }
