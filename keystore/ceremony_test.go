@@ -12,6 +12,7 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -109,6 +110,27 @@ func TestInit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkCAProfile(t, ca)
+	token := string(readFile(t, d.Path(certdir.FileToken)))
+	if len(token) != 64 {
+		t.Errorf("token %d chars", len(token))
+	}
+	checkModes(t, d, map[string]fs.FileMode{
+		certdir.FileCACert: 0o644, certdir.FileToken: 0o600, certdir.FileWorkerPatch: 0o600, certdir.FileKubernetesSecret: 0o600,
+	})
+	checkInitWorkerPatch(t, d, token, ca)
+	checkSecretHoldsNoKey(t, d)
+	if got := receiptOps(t, d); strings.Join(got, " ") != "init.key init" {
+		t.Errorf("receipts %v", got)
+	}
+	checkReceiptsOmit(t, d, token)
+	checkInitRerunWritesNothing(t, c, d, uri)
+}
+
+// checkCAProfile checks that ca is a self-signed Talos OS CA for cluster
+// "prod".
+func checkCAProfile(t *testing.T, ca *x509.Certificate) {
+	t.Helper()
 	if !ca.IsCA || ca.KeyUsage != x509.KeyUsageCertSign|x509.KeyUsageDigitalSignature || ca.Subject.CommonName != "prod" ||
 		len(ca.Subject.Organization) != 1 || ca.Subject.Organization[0] != "talos" || len(ca.SubjectKeyId) == 0 {
 		t.Errorf("CA profile: %+v", ca.Subject)
@@ -116,13 +138,12 @@ func TestInit(t *testing.T) {
 	if err := ca.CheckSignatureFrom(ca); err != nil {
 		t.Errorf("self-signature: %v", err)
 	}
-	token := string(readFile(t, d.Path(certdir.FileToken)))
-	if len(token) != 64 {
-		t.Errorf("token %d chars", len(token))
-	}
-	for name, mode := range map[string]fs.FileMode{
-		certdir.FileCACert: 0o644, certdir.FileToken: 0o600, certdir.FileWorkerPatch: 0o600, certdir.FileKubernetesSecret: 0o600,
-	} {
+}
+
+// checkModes checks the permission bits of each file (name -> mode) of d.
+func checkModes(t *testing.T, d keystore.Dir, modes map[string]fs.FileMode) {
+	t.Helper()
+	for name, mode := range modes {
 		st, err := os.Stat(d.Path(name))
 		if err != nil {
 			t.Fatal(err)
@@ -131,7 +152,12 @@ func TestInit(t *testing.T) {
 			t.Errorf("%s mode %04o, want %04o", name, st.Mode().Perm(), mode)
 		}
 	}
-	// The worker patch parses with Talos's own machine config types.
+}
+
+// checkInitWorkerPatch checks, with Talos's own machine config types, that
+// the worker patch after init carries token and exactly ca.
+func checkInitWorkerPatch(t *testing.T, d keystore.Dir, token string, ca *x509.Certificate) {
+	t.Helper()
 	patch, err := doctor.ParseWorkerConfig(readFile(t, d.Path(certdir.FileWorkerPatch)))
 	if err != nil {
 		t.Fatal(err)
@@ -145,24 +171,35 @@ func TestInit(t *testing.T) {
 	if len(patch.AcceptedCAs) != 0 {
 		t.Error("patch has acceptedCAs outside a rotation")
 	}
-	// The secret holds no private key.
+}
+
+// checkSecretHoldsNoKey checks that the Kubernetes Secret holds no private
+// key.
+func checkSecretHoldsNoKey(t *testing.T, d keystore.Dir) {
+	t.Helper()
 	sec := string(readFile(t, d.Path(certdir.FileKubernetesSecret)))
 	for _, s := range []string{"os-ca.key", base64.StdEncoding.EncodeToString([]byte("PRIVATE KEY"))[:12]} {
 		if strings.Contains(sec, s) {
 			t.Errorf("kubernetes secret mentions %q", s)
 		}
 	}
-	if got := receiptOps(t, d); strings.Join(got, " ") != "init.key init" {
-		t.Errorf("receipts %v", got)
-	}
+}
+
+// checkReceiptsOmit checks that no receipt of d holds secret.
+func checkReceiptsOmit(t *testing.T, d keystore.Dir, secret string) {
+	t.Helper()
 	for _, r := range mustReceipts(t, d) {
 		raw, _ := yaml.Marshal(r)
-		if strings.Contains(string(raw), token) {
+		if strings.Contains(string(raw), secret) {
 			t.Error("a receipt holds the token")
 		}
 	}
+}
 
-	// A re-run finds everything done and writes nothing.
+// checkInitRerunWritesNothing checks that a re-run of a completed init
+// finds everything done and writes nothing.
+func checkInitRerunWritesNothing(t *testing.T, c *keystore.Ceremony, d keystore.OSDir, uri string) {
+	t.Helper()
 	before := listDir(t, d.Root)
 	res, err := c.Init(context.Background(), d, keystore.InitOptions{SignerURI: uri, Cluster: "prod"})
 	if err != nil {
@@ -301,7 +338,7 @@ func apid(t *testing.T, c *keystore.Ceremony, uri string, d keystore.Dir) *apidt
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	defer checkClose(t, s)
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	leaf, err := pki.NewServingCertificate(ca, s, key.Public(), []string{"127.0.0.1"}, time.Hour, time.Now(), rand.Reader)
 	if err != nil {
@@ -315,8 +352,17 @@ func apid(t *testing.T, c *keystore.Ceremony, uri string, d keystore.Dir) *apidt
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { srv.Close() })
+	t.Cleanup(func() { checkClose(t, srv) })
 	return srv
+}
+
+// checkClose closes c and fails the test if that fails: a key handle or
+// server that does not close cleanly leaks a device slot or a port.
+func checkClose(t *testing.T, c io.Closer) {
+	t.Helper()
+	if err := c.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
 }
 
 func TestTalosconfigAndSignCSR(t *testing.T) {
@@ -441,13 +487,44 @@ func TestRotation(t *testing.T) {
 	}
 	oldClient := issueClient(t, c, oldURI, d.Path(certdir.FileCACert), nil, []string{"os:admin"}, filepath.Join(root, "old.talosconfig"))
 
+	startRotation(t, c, d, newURI)
+	next := checkRotationFiles(t, d)
+	trust, _ := trustBundle(d)
+	newClient := issueClient(t, c, newURI, d.Path(certdir.FileNextCACert), append(trust, next), []string{"os:admin"}, filepath.Join(root, "new.talosconfig"))
+
+	during := apid(t, c, oldURI, d)
+	for name, tc := range map[string][]byte{"old": oldClient, "new": newClient} {
+		if _, err := apidtest.Login(tc, during.Addr(), "127.0.0.1"); err != nil {
+			t.Errorf("during rotation, %s-CA client refused: %v", name, err)
+		}
+	}
+
+	finishRotation(t, c, d, oldURI, newURI)
+	checkFinishedRotation(t, d, next)
+	after := apid(t, c, newURI, d)
+	if _, err := apidtest.Login(newClient, after.Addr(), "127.0.0.1"); err != nil {
+		t.Errorf("after finish, new-CA client refused: %v", err)
+	}
+	if _, err := apidtest.Login(oldClient, after.Addr(), "127.0.0.1"); err == nil {
+		t.Error("after finish, old-CA client still accepted")
+	}
+	if got := receiptOps(t, d); strings.Join(got, " ") != "init.key init server-cert talosconfig rotate.key rotate talosconfig rotate.finish" {
+		t.Errorf("receipts %v", got)
+	}
+}
+
+// startRotation starts a rotation to newURI in d, checking that finish
+// is refused before the start and that a re-run of the start resumes
+// rather than creating another key.
+func startRotation(t *testing.T, c *keystore.Ceremony, d keystore.Dir, newURI string) {
+	t.Helper()
+	ctx := context.Background()
 	if _, err := c.RotateFinish(ctx, d, keystore.RotateFinishOptions{NewSignerURI: newURI}); !errors.Is(err, keystore.ErrNoRotation) {
 		t.Fatalf("finish before start: %v", err)
 	}
 	if _, err := c.Rotate(ctx, d, keystore.RotateOptions{NewSignerURI: newURI}); err != nil {
 		t.Fatal(err)
 	}
-	// Re-running the start resumes rather than creating another key.
 	res, err := c.Rotate(ctx, d, keystore.RotateOptions{NewSignerURI: newURI})
 	if err != nil {
 		t.Fatal(err)
@@ -455,6 +532,12 @@ func TestRotation(t *testing.T) {
 	if len(res.Resumed) != 2 || !res.AlreadyDone {
 		t.Errorf("rotate re-run resumed %v, already done %v", res.Resumed, res.AlreadyDone)
 	}
+}
+
+// checkRotationFiles checks the trust bundle and worker patch of d during
+// a rotation and returns the next CA.
+func checkRotationFiles(t *testing.T, d keystore.Dir) *x509.Certificate {
+	t.Helper()
 	oldCA, next := mustCA(t, d, certdir.FileCACert), mustCA(t, d, certdir.FileNextCACert)
 	bundle, err := trustBundle(d)
 	if err != nil || len(bundle) != 2 {
@@ -467,22 +550,26 @@ func TestRotation(t *testing.T) {
 	if len(patch.AcceptedCAs) != 1 || !patch.AcceptedCAs[0].Equal(next) || !patch.CA.Equal(oldCA) {
 		t.Error("rotation worker patch: want machine.ca = old, acceptedCAs = [new]")
 	}
-	trust, _ := trustBundle(d)
-	newClient := issueClient(t, c, newURI, d.Path(certdir.FileNextCACert), append(trust, next), []string{"os:admin"}, filepath.Join(root, "new.talosconfig"))
+	return next
+}
 
-	during := apid(t, c, oldURI, d)
-	for name, tc := range map[string][]byte{"old": oldClient, "new": newClient} {
-		if _, err := apidtest.Login(tc, during.Addr(), "127.0.0.1"); err != nil {
-			t.Errorf("during rotation, %s-CA client refused: %v", name, err)
-		}
-	}
-
+// finishRotation finishes the rotation in d with newURI, after checking
+// that finishing with the old key is refused.
+func finishRotation(t *testing.T, c *keystore.Ceremony, d keystore.Dir, oldURI, newURI string) {
+	t.Helper()
+	ctx := context.Background()
 	if _, err := c.RotateFinish(ctx, d, keystore.RotateFinishOptions{NewSignerURI: oldURI}); err == nil {
 		t.Error("finish with the old key accepted")
 	}
 	if _, err := c.RotateFinish(ctx, d, keystore.RotateFinishOptions{NewSignerURI: newURI}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// checkFinishedRotation checks that d holds only the new CA next, and a
+// server certificate it issued, after a finished rotation.
+func checkFinishedRotation(t *testing.T, d keystore.Dir, next *x509.Certificate) {
+	t.Helper()
 	if ok, _ := d.Exists(certdir.FileNextCACert); ok {
 		t.Error("os-ca.next.crt left after finish")
 	}
@@ -495,16 +582,6 @@ func TestRotation(t *testing.T) {
 	srv := mustCA(t, d, certdir.FileServerCert)
 	if err := srv.CheckSignatureFrom(next); err != nil {
 		t.Errorf("server.crt not re-issued by the new CA: %v", err)
-	}
-	after := apid(t, c, newURI, d)
-	if _, err := apidtest.Login(newClient, after.Addr(), "127.0.0.1"); err != nil {
-		t.Errorf("after finish, new-CA client refused: %v", err)
-	}
-	if _, err := apidtest.Login(oldClient, after.Addr(), "127.0.0.1"); err == nil {
-		t.Error("after finish, old-CA client still accepted")
-	}
-	if got := receiptOps(t, d); strings.Join(got, " ") != "init.key init server-cert talosconfig rotate.key rotate talosconfig rotate.finish" {
-		t.Errorf("receipts %v", got)
 	}
 }
 

@@ -148,50 +148,12 @@ var ErrExists = fmt.Errorf("refusing to overwrite existing files without --force
 // CheckAbsent returns an error wrapping ErrExists that lists every file of
 // files already present in d.
 func CheckAbsent(d Dir, files []File) error {
-	var present []string
-	for _, f := range files {
-		if f.Remove {
-			continue
-		}
-		ok, err := d.Exists(f.Name)
-		if err != nil {
-			return fmt.Errorf("check %s: %w", d.Path(f.Name), err)
-		}
-		if ok {
-			present = append(present, d.Path(f.Name))
-		}
-	}
-	if len(present) > 0 {
-		return fmt.Errorf("%w: %s", ErrExists, strings.Join(present, ", "))
-	}
-	return nil
+	return checkPlacedAbsent(place(d, files, false))
 }
 
-// WriteSet writes files into d as one unit: without overwrite it first
-// checks that none exists and writes nothing otherwise; each file is
-// written atomically; if any write fails, the files already written are
-// removed again (or, when they replaced a file, restored from the content
-// read before the first write), so a failure leaves the directory as it
-// was. A crash of the whole process between two writes cannot be undone
-// this way; ceremonies detect such a partial set on the next run.
-func WriteSet(d Dir, files []File, overwrite bool) error {
-	placed := make([]Placed, len(files))
-	for i, f := range files {
-		placed[i] = Placed{Dir: d, File: f, Overwrite: overwrite}
-	}
-	return WritePlaced(placed)
-}
-
-// Placed is a File in a given Dir, with its own overwrite permission.
-type Placed struct {
-	Dir       Dir
-	File      File
-	Overwrite bool
-}
-
-// WritePlaced is WriteSet for files spread over several directories (an
-// output file and the receipt that records it).
-func WritePlaced(files []Placed) error {
+// checkPlacedAbsent returns an error wrapping ErrExists that lists every
+// file of files that is already present and may not be overwritten.
+func checkPlacedAbsent(files []Placed) error {
 	var present []string
 	for _, p := range files {
 		if p.Overwrite || p.File.Remove {
@@ -208,11 +170,80 @@ func WritePlaced(files []Placed) error {
 	if len(present) > 0 {
 		return fmt.Errorf("%w: %s", ErrExists, strings.Join(present, ", "))
 	}
-	type backup struct {
-		data []byte
-		had  bool
-		mode fs.FileMode
+	return nil
+}
+
+// WriteSet writes files into d as one unit: without overwrite it first
+// checks that none exists and writes nothing otherwise; each file is
+// written atomically; if any write fails, the files already written are
+// removed again (or, when they replaced a file, restored from the content
+// read before the first write), so a failure leaves the directory as it
+// was. A crash of the whole process between two writes cannot be undone
+// this way; ceremonies detect such a partial set on the next run.
+func WriteSet(d Dir, files []File, overwrite bool) error {
+	return WritePlaced(place(d, files, overwrite))
+}
+
+// place puts every file of files in d with the same overwrite permission.
+func place(d Dir, files []File, overwrite bool) []Placed {
+	placed := make([]Placed, len(files))
+	for i, f := range files {
+		placed[i] = Placed{Dir: d, File: f, Overwrite: overwrite}
 	}
+	return placed
+}
+
+// Placed is a File in a given Dir, with its own overwrite permission.
+type Placed struct {
+	Dir       Dir
+	File      File
+	Overwrite bool
+}
+
+// WritePlaced is WriteSet for files spread over several directories (an
+// output file and the receipt that records it).
+func WritePlaced(files []Placed) error {
+	if err := checkPlacedAbsent(files); err != nil {
+		return err
+	}
+	backups, err := readBackups(files)
+	if err != nil {
+		return err
+	}
+	for i, p := range files {
+		if err := p.apply(); err != nil {
+			if rbErr := rollback(files[:i], backups[:i]); rbErr != nil {
+				return fmt.Errorf("write %s: %w (and the roll back failed: %w)", p.path(), err, rbErr)
+			}
+			return fmt.Errorf("write %s: %w (no file was changed)", p.path(), err)
+		}
+		crashpoint.At("wrote " + stepName(p.File.Name))
+	}
+	return nil
+}
+
+// path returns the operating-system path of p, for messages.
+func (p Placed) path() string { return p.Dir.Path(p.File.Name) }
+
+// apply writes p, or removes it when it asks to be removed.
+func (p Placed) apply() error {
+	if p.File.Remove {
+		return p.Dir.Remove(p.File.Name)
+	}
+	return p.Dir.WriteFile(p.File.Name, p.File.Data, p.File.Mode, p.Overwrite)
+}
+
+// backup is what a file held before WritePlaced changed it, so that a
+// failed set can be rolled back.
+type backup struct {
+	data []byte
+	had  bool
+	mode fs.FileMode
+}
+
+// readBackups reads the current content of every file of files; a missing
+// file is recorded as absent.
+func readBackups(files []Placed) ([]backup, error) {
 	backups := make([]backup, 0, len(files))
 	for _, p := range files {
 		b := backup{mode: p.File.Mode}
@@ -225,42 +256,30 @@ func WritePlaced(files []Placed) error {
 			}
 		case errors.Is(err, fs.ErrNotExist):
 		default:
-			return fmt.Errorf("read %s before replacing it: %w", p.Dir.Path(p.File.Name), err)
+			return nil, fmt.Errorf("read %s before replacing it: %w", p.path(), err)
 		}
 		backups = append(backups, b)
 	}
-	rollback := func(done int) error {
-		var errs []error
-		for i := done - 1; i >= 0; i-- {
-			p, b := files[i], backups[i]
-			var err error
-			if b.had {
-				err = p.Dir.WriteFile(p.File.Name, b.data, b.mode, true)
-			} else {
-				err = p.Dir.Remove(p.File.Name)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("roll back %s: %w", p.Dir.Path(p.File.Name), err))
-			}
-		}
-		return errors.Join(errs...)
-	}
-	for i, p := range files {
+	return backups, nil
+}
+
+// rollback undoes the writes of files, newest first: a file that existed
+// gets its backup back, a new one is removed.
+func rollback(files []Placed, backups []backup) error {
+	var errs []error
+	for i := len(files) - 1; i >= 0; i-- {
+		p, b := files[i], backups[i]
 		var err error
-		if p.File.Remove {
-			err = p.Dir.Remove(p.File.Name)
+		if b.had {
+			err = p.Dir.WriteFile(p.File.Name, b.data, b.mode, true)
 		} else {
-			err = p.Dir.WriteFile(p.File.Name, p.File.Data, p.File.Mode, p.Overwrite)
+			err = p.Dir.Remove(p.File.Name)
 		}
 		if err != nil {
-			if rbErr := rollback(i); rbErr != nil {
-				return fmt.Errorf("write %s: %w (and the roll back failed: %w)", p.Dir.Path(p.File.Name), err, rbErr)
-			}
-			return fmt.Errorf("write %s: %w (no file was changed)", p.Dir.Path(p.File.Name), err)
+			errs = append(errs, fmt.Errorf("roll back %s: %w", p.path(), err))
 		}
-		crashpoint.At("wrote " + stepName(p.File.Name))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // stepName names the crash point after writing name; receipts share

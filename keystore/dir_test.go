@@ -47,11 +47,7 @@ func TestWriteSet(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			root := t.TempDir()
-			for n, c := range tt.existing {
-				if err := os.WriteFile(filepath.Join(root, n), []byte(c), 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
+			writeFiles(t, root, tt.existing)
 			var d Dir = OSDir{Root: root}
 			if tt.failOn != "" {
 				d = failingDir{OSDir: OSDir{Root: root}, failOn: tt.failOn}
@@ -60,33 +56,56 @@ func TestWriteSet(t *testing.T) {
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
 				t.Fatalf("WriteSet error %v, want %v", err, tt.wantErr)
 			}
-			for n, want := range tt.want {
-				got, err := os.ReadFile(filepath.Join(root, n))
-				if want == "" {
-					if !errors.Is(err, fs.ErrNotExist) {
-						t.Errorf("%s exists (%q), want absent", n, got)
-					}
-					continue
-				}
-				if err != nil || string(got) != want {
-					t.Errorf("%s = %q (%v), want %q", n, got, err, want)
-				}
-			}
+			checkContents(t, root, tt.want)
 			if tt.wantErr == nil {
 				st, err := os.Stat(filepath.Join(root, "b"))
 				if err != nil || st.Mode().Perm() != 0o644 {
 					t.Errorf("b mode %v (%v), want 0644", st.Mode(), err)
 				}
 			}
-			// No temporary files are left behind.
-			_ = filepath.WalkDir(root, func(p string, e fs.DirEntry, _ error) error {
-				if strings.Contains(e.Name(), ".tmp-") {
-					t.Errorf("temporary file left: %s", p)
-				}
-				return nil
-			})
+			checkNoTempFiles(t, root)
 		})
 	}
+}
+
+// writeFiles creates each file of files (name -> content) under root.
+func writeFiles(t *testing.T, root string, files map[string]string) {
+	t.Helper()
+	for n, c := range files {
+		if err := os.WriteFile(filepath.Join(root, n), []byte(c), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// checkContents checks each file of want (name -> content; "" = absent)
+// under root.
+func checkContents(t *testing.T, root string, want map[string]string) {
+	t.Helper()
+	for n, w := range want {
+		got, err := os.ReadFile(filepath.Join(root, n))
+		if w == "" {
+			if !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("%s exists (%q), want absent", n, got)
+			}
+			continue
+		}
+		if err != nil || string(got) != w {
+			t.Errorf("%s = %q (%v), want %q", n, got, err, w)
+		}
+	}
+}
+
+// checkNoTempFiles fails if an atomic write left a temporary file under
+// root.
+func checkNoTempFiles(t *testing.T, root string) {
+	t.Helper()
+	_ = filepath.WalkDir(root, func(p string, e fs.DirEntry, _ error) error {
+		if strings.Contains(e.Name(), ".tmp-") {
+			t.Errorf("temporary file left: %s", p)
+		}
+		return nil
+	})
 }
 
 func TestOSDirRejectsEscapes(t *testing.T) {

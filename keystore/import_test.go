@@ -59,41 +59,9 @@ func TestImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A P-256 CA made by gencreds, and a second one to mismatch with.
-	mk := func() *keystore.ImportSource {
-		files, err := keystore.GenerateCredentials(keystore.CredentialsOptions{Cluster: "c", Now: testNow, Rand: rand.Reader})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var key, crt []byte
-		for _, f := range files {
-			switch f.Name {
-			case certdir.FileCAKey:
-				key = f.Data
-			case certdir.FileCACert:
-				crt = f.Data
-			}
-		}
-		src, err := keystore.ParseImportFiles(key, crt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return src
-	}
-	p256, other := mk(), mk()
-	server, _ := keystore.GenerateCredentials(keystore.CredentialsOptions{Cluster: "c", Now: testNow, Rand: rand.Reader})
-	var leafKey, leafCrt []byte
-	for _, f := range server {
-		switch f.Name {
-		case certdir.FileServerKey:
-			leafKey = f.Data
-		case certdir.FileServerCert:
-			leafCrt = f.Data
-		}
-	}
-	leaf, err := keystore.ParseImportFiles(leafKey, leafCrt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p256 := generatedPair(t, certdir.FileCAKey, certdir.FileCACert)
+	other := generatedPair(t, certdir.FileCAKey, certdir.FileCACert)
+	leaf := generatedPair(t, certdir.FileServerKey, certdir.FileServerCert)
 
 	tests := []struct {
 		name    string
@@ -116,43 +84,84 @@ func TestImport(t *testing.T) {
 			c := newCeremony(t)
 			root := t.TempDir()
 			d := keystore.OSDir{Root: filepath.Join(root, "ceremony")}
-			res, err := c.Import(ctx, d, keystore.ImportOptions{SignerURI: tt.uri(root), Source: tt.src})
+			uri := tt.uri(root)
+			res, err := c.Import(ctx, d, keystore.ImportOptions{SignerURI: uri, Source: tt.src})
 			if tt.wantErr != nil || tt.wantMsg != "" {
-				if err == nil || (tt.wantErr != nil && !errors.Is(err, tt.wantErr)) || !strings.Contains(err.Error(), tt.wantMsg) {
-					t.Fatalf("err = %v, want %v %q", err, tt.wantErr, tt.wantMsg)
-				}
-				if files := listDir(t, root); len(files) != 0 {
-					t.Errorf("files written on failure: %v", files)
-				}
+				checkImportRefused(t, err, tt.wantErr, tt.wantMsg, root)
 				return
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !strings.Contains(strings.Join(res.Notes, "\n"), "destroy") {
-				t.Error("no instruction to destroy the source")
-			}
-			s, err := c.OpenCA(ctx, tt.uri(root), tt.src.Cert)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.Close()
-			if !mustCA(t, d, certdir.FileCACert).Equal(tt.src.Cert) {
-				t.Error("os-ca.crt is not the imported CA")
-			}
-			tok, _ := os.ReadFile(d.Path(certdir.FileToken))
-			if tt.token != "" && string(tok) != tt.token {
-				t.Errorf("token %q, want the cluster's %q", tok, tt.token)
-			}
+			checkImported(t, c, d, uri, tt.src, res, tt.token)
 			// Importing again is recognised as done, not a second key.
-			if _, err := c.Import(ctx, d, keystore.ImportOptions{SignerURI: tt.uri(root), Source: tt.src}); err != nil {
+			if _, err := c.Import(ctx, d, keystore.ImportOptions{SignerURI: uri, Source: tt.src}); err != nil {
 				t.Errorf("re-import: %v", err)
 			}
 			// Another key at the same place is refused.
-			if _, err := c.Import(ctx, d, keystore.ImportOptions{SignerURI: tt.uri(root), Source: other, Force: true}); !errors.Is(err, signer.ErrKeyExists) {
+			if _, err := c.Import(ctx, d, keystore.ImportOptions{SignerURI: uri, Source: other, Force: true}); !errors.Is(err, signer.ErrKeyExists) {
 				t.Errorf("import over another key: %v", err)
 			}
 		})
+	}
+}
+
+// generatedPair returns the key and certificate named keyName and
+// certName of a fresh gencreds output, as an import source.
+func generatedPair(t *testing.T, keyName, certName string) *keystore.ImportSource {
+	t.Helper()
+	files, err := keystore.GenerateCredentials(keystore.CredentialsOptions{Cluster: "c", Now: testNow, Rand: rand.Reader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var key, crt []byte
+	for _, f := range files {
+		switch f.Name {
+		case keyName:
+			key = f.Data
+		case certName:
+			crt = f.Data
+		}
+	}
+	src, err := keystore.ParseImportFiles(key, crt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+// checkImportRefused checks that err is the wanted refusal (wrapping
+// wantErr if set, mentioning wantMsg) and that nothing was written under
+// root.
+func checkImportRefused(t *testing.T, err, wantErr error, wantMsg, root string) {
+	t.Helper()
+	if err == nil || (wantErr != nil && !errors.Is(err, wantErr)) || !strings.Contains(err.Error(), wantMsg) {
+		t.Fatalf("err = %v, want %v %q", err, wantErr, wantMsg)
+	}
+	if files := listDir(t, root); len(files) != 0 {
+		t.Errorf("files written on failure: %v", files)
+	}
+}
+
+// checkImported checks that the import of src to uri tells to destroy the
+// source, that the key opens as the CA's, that d holds the CA and, if
+// token is set, that token.
+func checkImported(t *testing.T, c *keystore.Ceremony, d keystore.Dir, uri string, src *keystore.ImportSource, res *keystore.Outcome, token string) {
+	t.Helper()
+	if !strings.Contains(strings.Join(res.Notes, "\n"), "destroy") {
+		t.Error("no instruction to destroy the source")
+	}
+	s, err := c.OpenCA(context.Background(), uri, src.Cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkClose(t, s)
+	if !mustCA(t, d, certdir.FileCACert).Equal(src.Cert) {
+		t.Error("os-ca.crt is not the imported CA")
+	}
+	tok, _ := os.ReadFile(d.Path(certdir.FileToken))
+	if token != "" && string(tok) != token {
+		t.Errorf("token %q, want the cluster's %q", tok, token)
 	}
 }
 

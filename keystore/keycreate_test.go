@@ -51,12 +51,8 @@ func TestInitKeyRecovery(t *testing.T) {
 			keyPath := filepath.Join(root, "ca.key")
 			uri := file.URI(keyPath)
 			d := keystore.OSDir{Root: filepath.Join(root, "ceremony")}
-			switch tt.intent {
-			case "":
-			case "uri":
-				writeIntent(t, d, uri)
-			default:
-				writeIntent(t, d, tt.intent)
+			if tt.intent != "" {
+				writeIntent(t, d, intentAddress(tt.intent, uri))
 			}
 			if tt.haveKey {
 				if _, err := (&file.Backend{}).Generate(ctx, uri, signer.ECDSAP256); err != nil {
@@ -68,24 +64,48 @@ func TestInitKeyRecovery(t *testing.T) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
 			}
 			if err != nil {
-				if errors.Is(err, keystore.ErrForeignKey) && !errors.Is(err, signer.ErrKeyExists) {
-					t.Error("a foreign key error does not wrap signer.ErrKeyExists")
-				}
-				if _, serr := os.Stat(keyPath); serr == nil != tt.haveKey {
-					t.Error("a refused init changed the key at the signer URI")
-				}
+				checkRefusedInit(t, err, keyPath, tt.haveKey)
 				return
 			}
-			if tt.haveKey && !strings.Contains(strings.Join(res.Resumed, "\n"), "interrupted") {
-				t.Errorf("resumed %v", res.Resumed)
-			}
-			if got := strings.Join(receiptOps(t, d), " "); got != "init.key init" {
-				t.Errorf("receipts %s", got)
-			}
-			if ok, _ := d.Exists("receipts/init.key.intent"); ok {
-				t.Error("the intent record is left")
-			}
+			checkRecoveredInit(t, d, res, tt.haveKey)
 		})
+	}
+}
+
+// intentAddress resolves a test case's intent: "uri" stands for the URI
+// of the run, anything else is an address of its own.
+func intentAddress(intent, uri string) string {
+	if intent == "uri" {
+		return uri
+	}
+	return intent
+}
+
+// checkRefusedInit checks that a refused init kept a foreign key's
+// signer.ErrKeyExists and left the key at keyPath as it was.
+func checkRefusedInit(t *testing.T, err error, keyPath string, haveKey bool) {
+	t.Helper()
+	if errors.Is(err, keystore.ErrForeignKey) && !errors.Is(err, signer.ErrKeyExists) {
+		t.Error("a foreign key error does not wrap signer.ErrKeyExists")
+	}
+	if _, serr := os.Stat(keyPath); serr == nil != haveKey {
+		t.Error("a refused init changed the key at the signer URI")
+	}
+}
+
+// checkRecoveredInit checks that an init which recovered an interrupted
+// key creation says so (when the key existed), recorded both receipts and
+// dropped the intent record.
+func checkRecoveredInit(t *testing.T, d keystore.Dir, res *keystore.Outcome, haveKey bool) {
+	t.Helper()
+	if haveKey && !strings.Contains(strings.Join(res.Resumed, "\n"), "interrupted") {
+		t.Errorf("resumed %v", res.Resumed)
+	}
+	if got := strings.Join(receiptOps(t, d), " "); got != "init.key init" {
+		t.Errorf("receipts %s", got)
+	}
+	if ok, _ := d.Exists("receipts/init.key.intent"); ok {
+		t.Error("the intent record is left")
 	}
 }
 

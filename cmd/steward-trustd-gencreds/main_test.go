@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"crypto"
 	"crypto/x509"
 	"encoding/base64"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
@@ -72,91 +73,113 @@ func TestGenerate(t *testing.T) {
 			if code := run(args, &out, &errb); code != cli.ExitOK {
 				t.Fatalf("exit %d: %s", code, errb.String())
 			}
-			for _, n := range outputs {
-				st, err := os.Stat(filepath.Join(dir, n))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if st.Mode().Perm() != 0o600 {
-					t.Errorf("%s mode %04o, want 0600", n, st.Mode().Perm())
-				}
-			}
-			read := func(n string) []byte {
-				b, err := os.ReadFile(filepath.Join(dir, n))
-				if err != nil {
-					t.Fatal(err)
-				}
-				return b
-			}
-			ca, err := pki.ParseCertificate(read("os-ca.crt"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			key, err := file.ParsePrivateKeyPEM(read("os-ca.key"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !pki.KeyMatchesCert(key.Public(), ca) {
-				t.Error("os-ca.key does not match os-ca.crt")
-			}
+			checkPrivateModes(t, dir)
+			ca, key := checkPair(t, dir, "os-ca.key", "os-ca.crt")
 			if got := ca.Subject.CommonName; got != "demo" {
 				t.Errorf("CA CN %q", got)
 			}
-			srv, err := pki.ParseCertificate(read("server.crt"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			pool := x509.NewCertPool()
-			pool.AddCert(ca)
+			srv, _ := checkPair(t, dir, "server.key", "server.crt")
 			want := tt.sans
 			if want == nil {
 				want = []string{"127.0.0.1", "localhost"}
 			}
-			for _, h := range want {
-				if _, err := srv.Verify(x509.VerifyOptions{Roots: pool, DNSName: h, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-					t.Errorf("server.crt for %s: %v", h, err)
-				}
-			}
-			skey, err := file.ParsePrivateKeyPEM(read("server.key"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !pki.KeyMatchesCert(skey.Public(), srv) {
-				t.Error("server.key does not match server.crt")
-			}
-			if tok := read("token"); len(tok) != 64 {
+			checkServes(t, srv, ca, want)
+			if tok := readOutput(t, dir, "token"); len(tok) != 64 {
 				t.Errorf("token length %d, want 64 hex chars", len(tok))
 			}
-			var sec struct {
-				APIVersion string `yaml:"apiVersion"`
-				Kind       string
-				Type       string
-				Metadata   struct {
-					Name   string
-					Labels map[string]string
-				}
-				Data map[string]string
-			}
-			if err := yaml.Unmarshal(read("kubernetes-secret.yaml"), &sec); err != nil {
-				t.Fatal(err)
-			}
-			if sec.APIVersion != "v1" || sec.Kind != "Secret" || sec.Type != "Opaque" || sec.Metadata.Name != "steward-trustd-demo" ||
-				sec.Metadata.Labels["app.kubernetes.io/name"] != "steward-trustd" {
-				t.Errorf("secret header %+v", sec)
-			}
-			if len(sec.Data) != 5 {
-				t.Errorf("secret data keys %d, want 5", len(sec.Data))
-			}
-			for _, n := range outputs[:5] {
-				got, err := base64.StdEncoding.DecodeString(sec.Data[n])
-				if err != nil || !bytes.Equal(got, read(n)) {
-					t.Errorf("secret data %s does not equal the file (%v)", n, err)
-				}
-			}
+			checkSecret(t, dir)
 			if got := signer.AlgorithmName(key.Public()); got != tt.alg {
 				t.Errorf("algorithm %s, want %s", got, tt.alg)
 			}
 		})
+	}
+}
+
+// readOutput returns the content of the output file n in dir.
+func readOutput(t *testing.T, dir, n string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// checkPrivateModes checks that every output in dir is readable by its
+// owner only.
+func checkPrivateModes(t *testing.T, dir string) {
+	t.Helper()
+	for _, n := range outputs {
+		st, err := os.Stat(filepath.Join(dir, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Errorf("%s mode %04o, want 0600", n, st.Mode().Perm())
+		}
+	}
+}
+
+// checkPair parses the key and certificate files keyName and certName in
+// dir, checks that they match and returns them.
+func checkPair(t *testing.T, dir, keyName, certName string) (*x509.Certificate, crypto.Signer) {
+	t.Helper()
+	cert, err := pki.ParseCertificate(readOutput(t, dir, certName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := file.ParsePrivateKeyPEM(readOutput(t, dir, keyName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pki.KeyMatchesCert(key.Public(), cert) {
+		t.Errorf("%s does not match %s", keyName, certName)
+	}
+	return cert, key
+}
+
+// checkServes checks that srv, issued by ca, is a serving certificate for
+// every host of hosts.
+func checkServes(t *testing.T, srv, ca *x509.Certificate, hosts []string) {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	for _, h := range hosts {
+		if _, err := srv.Verify(x509.VerifyOptions{Roots: pool, DNSName: h, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+			t.Errorf("server.crt for %s: %v", h, err)
+		}
+	}
+}
+
+// checkSecret checks that kubernetes-secret.yaml in dir is the Secret for
+// cluster demo and holds exactly the other output files.
+func checkSecret(t *testing.T, dir string) {
+	t.Helper()
+	var sec struct {
+		APIVersion string `yaml:"apiVersion"`
+		Kind       string
+		Type       string
+		Metadata   struct {
+			Name   string
+			Labels map[string]string
+		}
+		Data map[string]string
+	}
+	if err := yaml.Unmarshal(readOutput(t, dir, "kubernetes-secret.yaml"), &sec); err != nil {
+		t.Fatal(err)
+	}
+	if sec.APIVersion != "v1" || sec.Kind != "Secret" || sec.Type != "Opaque" || sec.Metadata.Name != "steward-trustd-demo" ||
+		sec.Metadata.Labels["app.kubernetes.io/name"] != "steward-trustd" {
+		t.Errorf("secret header %+v", sec)
+	}
+	if len(sec.Data) != 5 {
+		t.Errorf("secret data keys %d, want 5", len(sec.Data))
+	}
+	for _, n := range outputs[:5] {
+		got, err := base64.StdEncoding.DecodeString(sec.Data[n])
+		if err != nil || !bytes.Equal(got, readOutput(t, dir, n)) {
+			t.Errorf("secret data %s does not equal the file (%v)", n, err)
+		}
 	}
 }
 

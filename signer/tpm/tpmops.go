@@ -287,14 +287,6 @@ func LoadedHandles(t transport.TPM) ([]tpm2.TPMHandle, error) {
 	return out, nil
 }
 
-// isTPMError reports whether err carries a TPM response code, as opposed to
-// a transport failure.
-func isTPMError(err error) bool {
-	var rc tpm2.TPMRC
-	var f1 tpm2.TPMFmt1Error
-	return errors.As(err, &rc) || errors.As(err, &f1)
-}
-
 // reclaimStale frees the object and session slots that clients which died
 // without flushing left in a TPM that has no resource manager, and reports
 // whether anything was freed so that the caller retries once. swtpm's
