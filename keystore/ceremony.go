@@ -145,18 +145,6 @@ func readOptional(d Dir, name string) ([]byte, error) {
 	return b, nil
 }
 
-func readAccepted(d Dir) ([]*x509.Certificate, error) {
-	data, err := readOptional(d, certdir.FileAcceptedCAs)
-	if err != nil || data == nil {
-		return nil, err
-	}
-	certs, err := pki.ParseCertificates(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", d.Path(certdir.FileAcceptedCAs), err)
-	}
-	return certs, nil
-}
-
 func dedupe(certs []*x509.Certificate) []*x509.Certificate {
 	var out []*x509.Certificate
 	for _, c := range certs {
