@@ -2,6 +2,7 @@ package pki
 
 import (
 	"bytes"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -57,6 +58,15 @@ func TestSerialNumber(t *testing.T) {
 func TestProfiles(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca := checkCAProfile(t, key, now)
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	checkServingProfile(t, ca, key, leafKey.Public(), now)
+	checkClientProfile(t, ca, key, leafKey.Public(), now)
+}
+
+// checkCAProfile checks the OS CA profile (Talos's) and returns the CA.
+func checkCAProfile(t *testing.T, key *ecdsa.PrivateKey, now time.Time) *x509.Certificate {
+	t.Helper()
 	ca, err := NewCACertificate(key, CAOptions{Cluster: "c"}, now, rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -67,8 +77,13 @@ func TestProfiles(t *testing.T) {
 	if _, err := NewCACertificate(key, CAOptions{Validity: -time.Hour}, now, rand.Reader); err == nil {
 		t.Error("negative validity accepted")
 	}
-	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	srv, err := NewServingCertificate(ca, key, leafKey.Public(), []string{"10.0.0.1", "API.example.com"}, 0, now, rand.Reader)
+	return ca
+}
+
+// checkServingProfile checks trustd's serving certificate profile.
+func checkServingProfile(t *testing.T, ca *x509.Certificate, key *ecdsa.PrivateKey, pub crypto.PublicKey, now time.Time) {
+	t.Helper()
+	srv, err := NewServingCertificate(ca, key, pub, []string{"10.0.0.1", "API.example.com"}, 0, now, rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,11 +91,16 @@ func TestProfiles(t *testing.T) {
 		t.Errorf("serving profile %v %v %v", srv.ExtKeyUsage, srv.DNSNames, srv.IPAddresses)
 	}
 	for _, bad := range [][]string{nil, {"bad host"}, {"-x.example"}} {
-		if _, err := NewServingCertificate(ca, key, leafKey.Public(), bad, 0, now, rand.Reader); err == nil {
+		if _, err := NewServingCertificate(ca, key, pub, bad, 0, now, rand.Reader); err == nil {
 			t.Errorf("hosts %q accepted", bad)
 		}
 	}
-	cl, err := NewClientCertificate(ca, key, leafKey.Public(), "", []string{"os:admin"}, 100*365*24*time.Hour, now, rand.Reader)
+}
+
+// checkClientProfile checks the talosctl client certificate profile.
+func checkClientProfile(t *testing.T, ca *x509.Certificate, key *ecdsa.PrivateKey, pub crypto.PublicKey, now time.Time) {
+	t.Helper()
+	cl, err := NewClientCertificate(ca, key, pub, "", []string{"os:admin"}, 100*365*24*time.Hour, now, rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +110,7 @@ func TestProfiles(t *testing.T) {
 	if cl.Subject.CommonName != "talosctl" || len(cl.ExtKeyUsage) != 1 || cl.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
 		t.Errorf("client profile %v %v", cl.Subject, cl.ExtKeyUsage)
 	}
-	if _, err := NewClientCertificate(ca, key, leafKey.Public(), "", nil, 0, now, rand.Reader); err == nil {
+	if _, err := NewClientCertificate(ca, key, pub, "", nil, 0, now, rand.Reader); err == nil {
 		t.Error("empty role set accepted")
 	}
 }
