@@ -5,7 +5,6 @@ import (
 	"crypto"
 	"crypto/x509"
 	"encoding/pem"
-	"errors"
 	"fmt"
 
 	"github.com/steward-trustd/steward-trustd/keystore"
@@ -16,21 +15,22 @@ import (
 // worker token, the issuing CA certificate and the CA bundle returned to
 // workers. Values are immutable once built; reload swaps the whole set.
 type Credentials struct {
-	token  []byte
+	tokens tokenSet
 	ca     *x509.Certificate
 	bundle []byte
 	pool   *x509.CertPool
 }
 
-// NewCredentials checks and assembles credentials. caPEM is the issuing OS
+// NewCredentials checks and assembles credentials. token holds one or more
+// worker tokens, one per line, all valid. caPEM is the issuing OS
 // CA certificate, which must hold the signer's public key; acceptedPEM
 // (optional) adds the CAs that may also authenticate talosctl, e.g. during
 // a rotation. The bundle returned to workers becomes apid's client-CA
 // pool, so every block in it must be a CA certificate allowing ClientAuth.
 func NewCredentials(token []byte, caPEM, acceptedPEM []byte, pub crypto.PublicKey) (*Credentials, error) {
-	token = bytes.TrimSpace(token)
-	if len(token) == 0 {
-		return nil, errors.New("token is empty")
+	tokens, err := parseTokens(token)
+	if err != nil {
+		return nil, err
 	}
 	cas, err := parseCAs(caPEM)
 	if err != nil {
@@ -69,8 +69,11 @@ func NewCredentials(token []byte, caPEM, acceptedPEM []byte, pub crypto.PublicKe
 			pool.AddCert(c)
 		}
 	}
-	return &Credentials{token: token, ca: ca, bundle: bundle, pool: pool}, nil
+	return &Credentials{tokens: tokens, ca: ca, bundle: bundle, pool: pool}, nil
 }
+
+// Tokens is the number of valid worker tokens.
+func (c *Credentials) Tokens() int { return c.tokens.len() }
 
 // CA returns the issuing CA certificate.
 func (c *Credentials) CA() *x509.Certificate { return c.ca }

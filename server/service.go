@@ -7,8 +7,6 @@ package server
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -130,6 +128,7 @@ func (s *Service) Credentials() *Credentials { return s.creds.Load() }
 
 // Certificate implements the SecurityService RPC.
 func (s *Service) Certificate(ctx context.Context, req *securityapi.CertificateRequest) (*securityapi.CertificateResponse, error) {
+	streamFrom(ctx).markHandled()
 	start := s.now()
 	creds := s.creds.Load()
 	peerAddr := peerAddress(ctx)
@@ -142,13 +141,10 @@ func (s *Service) Certificate(ctx context.Context, req *securityapi.CertificateR
 }
 
 func (s *Service) certificate(ctx context.Context, creds *Credentials, req *securityapi.CertificateRequest, peerAddr netip.AddrPort, rec *auditRecord) (*securityapi.CertificateResponse, error) {
-	if err := s.limiter.admit(peerAddr.Addr()); err != nil {
+	if err := s.authenticate(ctx, creds, peerAddr.Addr()); err != nil {
 		return nil, err
 	}
-	if err := checkToken(ctx, creds.token); err != nil {
-		s.limiter.badToken(peerAddr.Addr())
-		return nil, err
-	}
+	streamFrom(ctx).authenticated()
 	r, err := ParseRequest(req.GetCsr(), s.limits)
 	if err != nil {
 		return nil, err
@@ -182,26 +178,54 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	}, nil
 }
 
-// checkToken compares the metadata token with want in constant time; both
-// sides are hashed first so that not even the length leaks.
-func checkToken(ctx context.Context, want []byte) error {
+// authenticate checks the token before any limit: a request with a valid
+// token is never refused because of wrong tokens sent earlier from its
+// address (workers behind one NAT or proxy share it), and wrong tokens
+// are charged only to the wrong-token limit, never to the address's
+// request budget that valid requests use.
+func (s *Service) authenticate(ctx context.Context, creds *Credentials, a netip.Addr) error {
+	idx, err := checkToken(ctx, creds.tokens)
+	if err != nil {
+		return s.limiter.wrongToken(a, err)
+	}
+	s.metrics.tokenMatched(idx)
+	return s.limiter.admit(a)
+}
+
+// checkToken finds the metadata token among the valid ones, in constant
+// time (see tokenSet.match), and returns its index.
+func checkToken(ctx context.Context, tokens tokenSet) (int, error) {
 	md, ok := metadata.FromIncomingContext(ctx)
 	if !ok {
-		return &authError{reason: "no metadata"}
+		return -1, &authError{reason: "no metadata"}
 	}
 	vals := md.Get("token")
 	if len(vals) == 0 {
-		return &authError{reason: "no token"}
+		return -1, &authError{reason: "no token"}
 	}
 	if len(vals) > 1 {
-		return &authError{reason: "several tokens"}
+		return -1, &authError{reason: "several tokens"}
 	}
-	got := sha256.Sum256([]byte(vals[0]))
-	exp := sha256.Sum256(want)
-	if subtle.ConstantTimeCompare(got[:], exp[:]) != 1 {
-		return &authError{reason: "wrong token"}
+	idx := tokens.match([]byte(vals[0]))
+	if idx < 0 {
+		return -1, &authError{reason: "wrong token"}
 	}
-	return nil
+	return idx, nil
+}
+
+// refusedOversized accounts for a request that gRPC refused before the
+// handler because its message exceeded the size limit: one audit line,
+// the metric, and the same charge against the address's limits as any
+// other request, so an oversized flood is neither invisible nor free.
+func (s *Service) refusedOversized(ctx context.Context) {
+	peerAddr := peerAddress(ctx)
+	authErr := s.authenticate(ctx, s.creds.Load(), peerAddr.Addr())
+	var err error = &oversizeError{limit: s.limits.MaxCSRBytes}
+	if authErr != nil {
+		err = fmt.Errorf("%w (and %v)", err, authErr)
+	}
+	s.writeAudit(ctx, auditRecord{peer: peerAddr}, err)
+	s.metrics.observeOutcome(outcome(err))
 }
 
 func peerAddress(ctx context.Context) netip.AddrPort {

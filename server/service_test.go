@@ -250,7 +250,7 @@ func TestAcceptedCAsBundle(t *testing.T) {
 	if got := bytes.Count(creds.Bundle(), []byte("BEGIN CERTIFICATE")); got != 2 {
 		t.Fatalf("bundle has %d certificates, want 2 (duplicate dropped)", got)
 	}
-	if string(creds.token) != testToken {
+	if creds.Tokens() != 1 || creds.tokens.match([]byte(testToken)) != 0 {
 		t.Fatal("token not trimmed")
 	}
 	leafKey := newKey(t, "p256")

@@ -39,8 +39,8 @@ func TestLoadConfig(t *testing.T) {
 		{name: "rates", env: map[string]string{"TRUSTD_PEER_RATE": "-1", "TRUSTD_PEER_BURST": "50", "TRUSTD_BAD_TOKEN_BURST": "3", "TRUSTD_BAD_TOKEN_RATE": "0.5", "TRUSTD_SIGNER_QUEUE": "100", "TRUSTD_SIGNER_WAIT": "500ms", "TRUSTD_MAX_CONNECTIONS": "64"},
 			check: func(t *testing.T, c *config) {
 				r := c.rates
-				if r.PerPeerRate != -1 || r.PerPeerBurst != 50 || r.BadTokenBurst != 3 || r.BadTokenRate != 0.5 || r.MaxSignerQueue != 100 || r.MaxSignerWait != 500*time.Millisecond || c.maxConns != 64 {
-					t.Fatalf("%+v maxConns=%d", r, c.maxConns)
+				if r.PerPeerRate != -1 || r.PerPeerBurst != 50 || r.BadTokenBurst != 3 || r.BadTokenRate != 0.5 || r.MaxSignerQueue != 100 || r.MaxSignerWait != 500*time.Millisecond || c.conns.MaxConnections != 64 {
+					t.Fatalf("%+v conns=%+v", r, c.conns)
 				}
 			}},
 		{name: "bad rate", env: map[string]string{"TRUSTD_BAD_TOKEN_RATE": "0"}, wantErr: "TRUSTD_BAD_TOKEN_RATE"},

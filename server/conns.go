@@ -1,0 +1,412 @@
+package server
+
+import (
+	"container/list"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// ConnLimits bound what a client can hold before it has shown the token.
+// A worker dials, shakes hands and sends its CSR at once, so a connection
+// that has not carried an authenticated request within seconds is not a
+// worker. Zero values take the defaults documented on each field.
+type ConnLimits struct {
+	// MaxConnections bounds open connections (default 256). When every
+	// one has authenticated, further ones wait in the kernel's accept
+	// queue.
+	MaxConnections int
+	// MaxUnauthenticated bounds connections that have not yet carried a
+	// request with a valid token (default MaxConnections/2). When full, a
+	// new connection evicts the oldest unauthenticated connection of the
+	// address that holds the most, so a flood from some addresses cannot
+	// crowd out a worker on another.
+	MaxUnauthenticated int
+	// MaxPerAddress bounds open connections from one source address,
+	// checked before any other slot is taken (default 64).
+	MaxPerAddress int
+	// HandshakeTimeout bounds the TLS and HTTP/2 set-up (default 5s).
+	HandshakeTimeout time.Duration
+	// AuthTimeout closes a connection that has not carried a request with
+	// a valid token this long after it was accepted (default 10s).
+	AuthTimeout time.Duration
+	// FirstMessageTimeout resets a stream whose request message has not
+	// arrived this long after its headers (default 2s).
+	FirstMessageTimeout time.Duration
+	// IdleTimeout closes a connection without streams (default 30s).
+	IdleTimeout time.Duration
+	// MaxAgeGrace is how long streams may finish once a connection reaches
+	// its maximum age of 10 minutes (default 10s).
+	MaxAgeGrace time.Duration
+	// MaxHeaderBytes bounds the header list of a request (default 8 KiB).
+	MaxHeaderBytes int
+}
+
+func (c ConnLimits) withDefaults() ConnLimits {
+	setDefault(&c.MaxConnections, 256)
+	setDefault(&c.MaxUnauthenticated, max(c.MaxConnections/2, 1))
+	c.MaxUnauthenticated = min(c.MaxUnauthenticated, c.MaxConnections)
+	setDefault(&c.MaxPerAddress, 64)
+	setDefault(&c.HandshakeTimeout, 5*time.Second)
+	setDefault(&c.AuthTimeout, 10*time.Second)
+	setDefault(&c.FirstMessageTimeout, 2*time.Second)
+	setDefault(&c.IdleTimeout, 30*time.Second)
+	setDefault(&c.MaxAgeGrace, 10*time.Second)
+	setDefault(&c.MaxHeaderBytes, 8<<10)
+	return c
+}
+
+func setDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
+// Reasons a connection is refused or closed by a limit; the label of
+// trustd_connections_closed_total.
+const (
+	closedPerAddress   = "per_address"
+	closedEvicted      = "unauthenticated_evicted"
+	closedAuthTimeout  = "auth_timeout"
+	closedHandshake    = "handshake_timeout"
+	closedFirstMessage = "first_message_timeout"
+	closedNotReady     = "signer_not_ready"
+)
+
+// errListenerClosed is returned by Accept once the listener is closed.
+var errListenerClosed = errors.New("listener closed")
+
+// Listener admits connections under ConnLimits. One goroutine accepts
+// from the socket and applies the limits; gRPC servers take admitted
+// connections through views (see View), so that a server can be replaced
+// (to send GOAWAY on every open connection) without closing the socket.
+type Listener struct {
+	inner   net.Listener
+	cfg     ConnLimits
+	metrics *Metrics
+	state   *stateLog
+	now     func() time.Time
+
+	admitted chan net.Conn
+	done     chan struct{}
+	stopOnce sync.Once
+
+	mu         sync.Mutex
+	room       *sync.Cond
+	conns      map[netip.AddrPort]*trackedConn
+	perAddr    map[netip.Addr]*addrCount
+	unauth     *list.List // of *trackedConn, oldest first
+	closed     bool
+	acceptErr  error
+	waitingAll bool // every slot is held by an authenticated connection
+}
+
+type addrCount struct{ total, unauth int }
+
+// NewListener wraps inner. Run must be called for connections to flow.
+func NewListener(inner net.Listener, cfg ConnLimits, m *Metrics, st *stateLog) *Listener {
+	l := &Listener{
+		inner: inner, cfg: cfg.withDefaults(), metrics: m, state: st, now: time.Now,
+		admitted: make(chan net.Conn),
+		done:     make(chan struct{}),
+		conns:    map[netip.AddrPort]*trackedConn{},
+		perAddr:  map[netip.Addr]*addrCount{},
+		unauth:   list.New(),
+	}
+	l.room = sync.NewCond(&l.mu)
+	return l
+}
+
+// Addr is the socket's address.
+func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
+
+// Run accepts and admits connections until the listener is closed; it
+// returns the socket's error, or nil after Close.
+func (l *Listener) Run() error {
+	for {
+		if !l.waitForRoom() {
+			return nil
+		}
+		c, err := l.inner.Accept()
+		if err != nil {
+			return l.acceptFailed(err)
+		}
+		if tc := l.admit(c); tc != nil {
+			select {
+			case l.admitted <- tc:
+			case <-l.done:
+				tc.Close()
+				return nil
+			}
+		}
+	}
+}
+
+func (l *Listener) acceptFailed(err error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.acceptErr = err
+	return err
+}
+
+// waitForRoom blocks while every slot is held by an authenticated
+// connection: those are workers being served, and end within seconds.
+func (l *Listener) waitForRoom() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for !l.closed && len(l.conns) >= l.cfg.MaxConnections && l.unauth.Len() == 0 {
+		l.setWaitingAll(true)
+		l.room.Wait()
+	}
+	l.setWaitingAll(false)
+	return !l.closed
+}
+
+func (l *Listener) setWaitingAll(v bool) {
+	if l.waitingAll != v {
+		l.waitingAll = v
+		l.state.set("connections_full", v, "every connection slot is held by an authenticated worker; new connections wait in the kernel's accept queue (raise TRUSTD_MAX_CONNECTIONS if this lasts)")
+	}
+}
+
+// admit applies the per-address cap, then makes room among the
+// unauthenticated connections, and starts the connection's deadline.
+func (l *Listener) admit(c net.Conn) *trackedConn {
+	ap := addrPortOf(c.RemoteAddr())
+	l.mu.Lock()
+	pa := l.perAddr[ap.Addr()]
+	if pa != nil && pa.total >= l.cfg.MaxPerAddress {
+		l.mu.Unlock()
+		c.Close()
+		l.metrics.connRefused(closedPerAddress)
+		l.state.event(closedPerAddress, "connections refused: an address reached TRUSTD_MAX_CONNECTIONS_PER_ADDRESS", "address", ap.Addr().String())
+		return nil
+	}
+	var victim *trackedConn
+	if l.unauth.Len() >= l.cfg.MaxUnauthenticated || len(l.conns) >= l.cfg.MaxConnections {
+		victim = l.victimLocked()
+	}
+	tc := l.trackLocked(c, ap)
+	l.mu.Unlock()
+	if victim != nil {
+		victim.closeFor(closedEvicted)
+		l.state.event(closedEvicted, "unauthenticated connection limit reached: evicting the oldest unauthenticated connections of the busiest addresses")
+	}
+	return tc
+}
+
+// victimLocked picks the oldest unauthenticated connection of the address
+// holding the most of them, and forgets it at once so that its slot is
+// free for the new connection.
+func (l *Listener) victimLocked() *trackedConn {
+	var busiest netip.Addr
+	most := 0
+	for a, pa := range l.perAddr {
+		if pa.unauth > most {
+			busiest, most = a, pa.unauth
+		}
+	}
+	for e := l.unauth.Front(); e != nil; e = e.Next() {
+		if tc := e.Value.(*trackedConn); most <= 1 || tc.key.Addr() == busiest {
+			l.untrackLocked(tc)
+			return tc
+		}
+	}
+	return nil
+}
+
+func (l *Listener) trackLocked(c net.Conn, ap netip.AddrPort) *trackedConn {
+	tc := &trackedConn{Conn: c, l: l, key: ap, accepted: l.now()}
+	tc.elem = l.unauth.PushBack(tc)
+	l.conns[ap] = tc
+	pa := l.perAddr[ap.Addr()]
+	if pa == nil {
+		pa = &addrCount{}
+		l.perAddr[ap.Addr()] = pa
+	}
+	pa.total++
+	pa.unauth++
+	tc.timer = time.AfterFunc(l.cfg.HandshakeTimeout, func() { tc.closeFor(closedHandshake) })
+	l.metrics.connOpened()
+	return tc
+}
+
+// untrackLocked forgets tc; it reports false if it was already gone.
+func (l *Listener) untrackLocked(tc *trackedConn) bool {
+	if l.conns[tc.key] != tc {
+		return false
+	}
+	delete(l.conns, tc.key)
+	pa := l.perAddr[tc.key.Addr()]
+	pa.total--
+	if tc.elem != nil {
+		l.unauth.Remove(tc.elem)
+		tc.elem = nil
+		pa.unauth--
+	}
+	if pa.total == 0 {
+		delete(l.perAddr, tc.key.Addr())
+	}
+	tc.timer.Stop()
+	l.metrics.connGone(tc.authenticated)
+	l.room.Signal()
+	return true
+}
+
+// established records that the connection from ap finished its TLS and
+// HTTP/2 set-up: its deadline becomes the authentication deadline.
+func (l *Listener) established(ap netip.AddrPort) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	tc := l.conns[ap]
+	if tc == nil || tc.authenticated {
+		return
+	}
+	tc.timer.Stop()
+	left := l.cfg.AuthTimeout - l.now().Sub(tc.accepted)
+	tc.timer = time.AfterFunc(max(left, 0), func() { tc.closeFor(closedAuthTimeout) })
+}
+
+// authenticated records that the connection from ap carried a request
+// with a valid token: it leaves the unauthenticated budget for good.
+func (l *Listener) authenticated(ap netip.AddrPort) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	tc := l.conns[ap]
+	if tc == nil || tc.authenticated {
+		return
+	}
+	tc.timer.Stop()
+	tc.authenticated = true
+	l.unauth.Remove(tc.elem)
+	tc.elem = nil
+	l.perAddr[ap.Addr()].unauth--
+	l.metrics.connAuthenticated()
+}
+
+// closeUnauthenticated closes the connection from ap for reason, if it is open and
+// not authenticated (a worker's connection is never cut by these limits).
+func (l *Listener) closeUnauthenticated(ap netip.AddrPort, reason string) bool {
+	l.mu.Lock()
+	tc := l.conns[ap]
+	l.mu.Unlock()
+	if tc == nil || tc.authenticated {
+		return false
+	}
+	tc.closeFor(reason)
+	return true
+}
+
+// open is the number of open connections.
+func (l *Listener) open() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns)
+}
+
+// Check reports why the listener cannot take workers now, or nil.
+func (l *Listener) Check() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.acceptErr != nil:
+		return errors.New("listener failed: " + l.acceptErr.Error())
+	case l.waitingAll:
+		return errors.New("every connection slot is held by an authenticated worker")
+	}
+	return nil
+}
+
+// Close stops accepting, closes the socket and wakes every view.
+func (l *Listener) Close() error {
+	var err error
+	l.stopOnce.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		l.room.Broadcast()
+		l.mu.Unlock()
+		close(l.done)
+		err = l.inner.Close()
+	})
+	return err
+}
+
+// View returns a net.Listener for one gRPC server: its Close ends only
+// that server's Accept, never the socket.
+func (l *Listener) View() net.Listener {
+	return &listenerView{l: l, done: make(chan struct{})}
+}
+
+type listenerView struct {
+	l    *Listener
+	done chan struct{}
+	once sync.Once
+}
+
+func (v *listenerView) Accept() (net.Conn, error) {
+	select {
+	case c := <-v.l.admitted:
+		return c, nil
+	case <-v.done:
+		return nil, errListenerClosed
+	case <-v.l.done:
+		return nil, errListenerClosed
+	}
+}
+
+func (v *listenerView) Close() error   { v.once.Do(func() { close(v.done) }); return nil }
+func (v *listenerView) Addr() net.Addr { return v.l.Addr() }
+
+// trackedConn is an admitted connection; closing it frees its slot.
+type trackedConn struct {
+	net.Conn
+	l             *Listener
+	key           netip.AddrPort
+	accepted      time.Time
+	elem          *list.Element // in l.unauth while unauthenticated
+	authenticated bool
+	timer         *time.Timer
+	once          sync.Once
+}
+
+// Close frees the slot and closes the socket.
+func (c *trackedConn) Close() error {
+	var err error
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		c.l.untrackLocked(c)
+		c.l.mu.Unlock()
+		err = c.Conn.Close()
+	})
+	return err
+}
+
+// closeFor closes the connection because of a limit and counts it; a
+// connection already closed is not counted.
+func (c *trackedConn) closeFor(reason string) {
+	c.l.mu.Lock()
+	if c.authenticated {
+		c.l.mu.Unlock()
+		return // a timer that fired as the worker authenticated
+	}
+	open := c.l.untrackLocked(c)
+	c.l.mu.Unlock()
+	if open || reason == closedEvicted {
+		c.l.metrics.connClosed(reason)
+	}
+	c.Close()
+}
+
+func addrPortOf(a net.Addr) netip.AddrPort {
+	if tcp, ok := a.(*net.TCPAddr); ok {
+		ap := tcp.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	ap, _ := netip.ParseAddrPort(a.String())
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
