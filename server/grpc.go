@@ -60,7 +60,9 @@ func serverOptions(svc *Service, tlsCfg *tls.Config, lim ConnLimits) []grpc.Serv
 		grpc.InitialWindowSize(64 << 10),
 		grpc.InitialConnWindowSize(64 << 10),
 		grpc.SharedWriteBuffer(true),
-		grpc.ConnectionTimeout(lim.HandshakeTimeout),
+		// The Listener enforces (and counts) the handshake timeout; gRPC's
+		// own is the backstop for servers without one.
+		grpc.ConnectionTimeout(lim.HandshakeTimeout + time.Second),
 		grpc.MaxConcurrentStreams(16),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionIdle:     lim.IdleTimeout,

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/steward-trustd/steward-trustd/server"
 )
 
 func TestLoadConfig(t *testing.T) {
@@ -43,6 +45,45 @@ func TestLoadConfig(t *testing.T) {
 					t.Fatalf("%+v conns=%+v", r, c.conns)
 				}
 			}},
+		{name: "bare booleans", flags: []string{"--debug", "--require-peer-ip"}, check: func(t *testing.T, c *config) {
+			if !c.debug || !c.peerIP {
+				t.Fatalf("debug %v peerIP %v", c.debug, c.peerIP)
+			}
+		}},
+		{name: "explicit false wins over env", env: map[string]string{"TRUSTD_DEBUG": "true"}, flags: []string{"--debug=false"}, check: func(t *testing.T, c *config) {
+			if c.debug {
+				t.Fatal("--debug=false ignored")
+			}
+		}},
+		{name: "several tokens", env: map[string]string{"TRUSTD_TOKEN": " old.token1 , new.token2,"}, check: func(t *testing.T, c *config) {
+			if string(c.token) != "old.token1\nnew.token2" {
+				t.Fatalf("tokens %q", c.token)
+			}
+		}},
+		{name: "connection limits", env: map[string]string{"TRUSTD_MAX_CONNECTIONS": "100", "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS": "40",
+			"TRUSTD_MAX_CONNECTIONS_PER_ADDRESS": "8", "TRUSTD_HANDSHAKE_TIMEOUT": "3s", "TRUSTD_AUTH_TIMEOUT": "7s", "TRUSTD_FIRST_MESSAGE_TIMEOUT": "1s",
+			"TRUSTD_IDLE_TIMEOUT": "20s", "TRUSTD_CONNECTION_AGE_GRACE": "5s", "TRUSTD_MAX_HEADER_BYTES": "4096"},
+			check: func(t *testing.T, c *config) {
+				want := server.ConnLimits{MaxConnections: 100, MaxUnauthenticated: 40, MaxPerAddress: 8, HandshakeTimeout: 3 * time.Second,
+					AuthTimeout: 7 * time.Second, FirstMessageTimeout: time.Second, IdleTimeout: 20 * time.Second, MaxAgeGrace: 5 * time.Second, MaxHeaderBytes: 4096}
+				if c.conns != want {
+					t.Fatalf("%+v", c.conns)
+				}
+			}},
+		{name: "unset connection limits take the defaults", check: func(t *testing.T, c *config) {
+			if c.conns != (server.ConnLimits{}) {
+				t.Fatalf("%+v", c.conns)
+			}
+		}},
+		{name: "bad header bound", env: map[string]string{"TRUSTD_MAX_HEADER_BYTES": "100"}, wantErr: "TRUSTD_MAX_HEADER_BYTES"},
+		{name: "zero per-address cap", env: map[string]string{"TRUSTD_MAX_CONNECTIONS_PER_ADDRESS": "0"}, wantErr: "TRUSTD_MAX_CONNECTIONS_PER_ADDRESS"},
+		{name: "unauthenticated over total", env: map[string]string{"TRUSTD_MAX_CONNECTIONS": "10", "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS": "20"}, wantErr: "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS"},
+		{name: "negative timeout", env: map[string]string{"TRUSTD_FIRST_MESSAGE_TIMEOUT": "-1s"}, wantErr: "TRUSTD_FIRST_MESSAGE_TIMEOUT"},
+		{name: "bad token rate disabled", env: map[string]string{"TRUSTD_BAD_TOKEN_RATE": "-1"}, check: func(t *testing.T, c *config) {
+			if c.rates.BadTokenRate != -1 {
+				t.Fatalf("%v", c.rates.BadTokenRate)
+			}
+		}},
 		{name: "bad rate", env: map[string]string{"TRUSTD_BAD_TOKEN_RATE": "0"}, wantErr: "TRUSTD_BAD_TOKEN_RATE"},
 		{name: "bad queue", env: map[string]string{"TRUSTD_SIGNER_QUEUE": "-3"}, wantErr: "TRUSTD_SIGNER_QUEUE"},
 		{name: "bad wait", env: map[string]string{"TRUSTD_SIGNER_WAIT": "1ns"}, wantErr: "TRUSTD_SIGNER_WAIT"},
