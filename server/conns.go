@@ -116,6 +116,7 @@ func NewListener(inner net.Listener, cfg ConnLimits, m *Metrics, st *stateLog) *
 		unauth:   list.New(),
 	}
 	l.room = sync.NewCond(&l.mu)
+	m.setConnLimits(l.cfg)
 	return l
 }
 

@@ -25,6 +25,7 @@ type Metrics struct {
 	connsClosed    *prometheus.CounterVec
 	streamsReset   *prometheus.CounterVec
 	tokenUsed      *prometheus.CounterVec
+	connsLimit     *prometheus.GaugeVec
 	backend        string
 }
 
@@ -76,6 +77,9 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 		streamsReset: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustd_streams_reset_total", Help: "Request streams ended by the daemon before their message arrived, by reason (first_message_timeout).",
 		}, []string{"reason"}),
+		connsLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "trustd_connections_limit", Help: "Configured connection bounds (max_connections, max_unauthenticated, per_address), for alerts on trustd_connections_open.",
+		}, []string{"limit"}),
 		tokenUsed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustd_token_used_total", Help: "Requests authenticated, by the index of the token that matched (0 = first line of the token file); never the token.",
 		}, []string{"index"}),
@@ -98,7 +102,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	}
 	reg.MustRegister(m.issued, m.denied, m.signerLatency, m.signerErrors, m.caExpiry, m.servingExpiry,
 		m.signerInfo, m.reloads, m.signerInflight, m.ready, m.connsOpen, m.connsRefused, m.connsClosed,
-		m.streamsReset, m.tokenUsed)
+		m.streamsReset, m.tokenUsed, m.connsLimit)
 	return m
 }
 
@@ -200,6 +204,14 @@ func (m *Metrics) SetTokenCount(n int) {
 func (m *Metrics) tokenMatched(index int) {
 	if m != nil {
 		m.tokenUsed.WithLabelValues(strconv.Itoa(index)).Inc()
+	}
+}
+
+func (m *Metrics) setConnLimits(c ConnLimits) {
+	if m != nil {
+		m.connsLimit.WithLabelValues("max_connections").Set(float64(c.MaxConnections))
+		m.connsLimit.WithLabelValues("max_unauthenticated").Set(float64(c.MaxUnauthenticated))
+		m.connsLimit.WithLabelValues("per_address").Set(float64(c.MaxPerAddress))
 	}
 }
 
