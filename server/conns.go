@@ -127,13 +127,14 @@ func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
 // returns the socket's error, or nil after Close.
 func (l *Listener) Run() error {
 	for {
-		if !l.waitForRoom() {
-			return nil
-		}
 		c, err := l.inner.Accept()
 		if err != nil {
+			if l.retryAccept(err) {
+				continue
+			}
 			return l.acceptFailed(err)
 		}
+		l.state.set("accept_failing", false, "accepting connections fails (out of file descriptors?); retrying")
 		if tc := l.admit(c); tc != nil {
 			select {
 			case l.admitted <- tc:
@@ -142,6 +143,23 @@ func (l *Listener) Run() error {
 				return nil
 			}
 		}
+	}
+}
+
+// retryAccept waits a little after a temporary accept error (EMFILE:
+// out of file descriptors) and reports whether to try again, as
+// net/http and gRPC do; the socket itself is still fine.
+func (l *Listener) retryAccept(err error) bool {
+	var te interface{ Temporary() bool }
+	if !errors.As(err, &te) || !te.Temporary() {
+		return false
+	}
+	l.state.set("accept_failing", true, "accepting connections fails (out of file descriptors?); retrying")
+	select {
+	case <-l.done:
+		return false
+	case <-time.After(50 * time.Millisecond):
+		return true
 	}
 }
 
@@ -155,17 +173,21 @@ func (l *Listener) acceptFailed(err error) error {
 	return err
 }
 
-// waitForRoom blocks while every slot is held by an authenticated
+// waitForRoomLocked blocks while every slot is held by an authenticated
 // connection: those are workers being served, and end within seconds.
-func (l *Listener) waitForRoom() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for !l.closed && len(l.conns) >= l.cfg.MaxConnections && l.unauth.Len() == 0 {
+// Meanwhile further connections wait in the kernel's accept queue. It
+// reports false if the listener was closed.
+func (l *Listener) waitForRoomLocked() bool {
+	for !l.closed && l.fullLocked() {
 		l.setWaitingAll(true)
 		l.room.Wait()
 	}
 	l.setWaitingAll(false)
 	return !l.closed
+}
+
+func (l *Listener) fullLocked() bool {
+	return len(l.conns) >= l.cfg.MaxConnections && l.unauth.Len() == 0
 }
 
 func (l *Listener) setWaitingAll(v bool) {
@@ -186,6 +208,11 @@ func (l *Listener) admit(c net.Conn) *trackedConn {
 		c.Close()
 		l.metrics.connRefused(closedPerAddress)
 		l.state.event(closedPerAddress, "connections refused: an address reached TRUSTD_MAX_CONNECTIONS_PER_ADDRESS", "address", ap.Addr().String())
+		return nil
+	}
+	if !l.waitForRoomLocked() {
+		l.mu.Unlock()
+		c.Close()
 		return nil
 	}
 	var victim *trackedConn
@@ -262,6 +289,7 @@ func (l *Listener) untrackLocked(tc *trackedConn) bool {
 // established records that the connection from ap finished its TLS and
 // HTTP/2 set-up: its deadline becomes the authentication deadline.
 func (l *Listener) established(ap netip.AddrPort) {
+	ap = unmapped(ap)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	tc := l.conns[ap]
@@ -276,6 +304,7 @@ func (l *Listener) established(ap netip.AddrPort) {
 // authenticated records that the connection from ap carried a request
 // with a valid token: it leaves the unauthenticated budget for good.
 func (l *Listener) authenticated(ap netip.AddrPort) {
+	ap = unmapped(ap)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	tc := l.conns[ap]
@@ -293,6 +322,7 @@ func (l *Listener) authenticated(ap netip.AddrPort) {
 // closeUnauthenticated closes the connection from ap for reason, if it is open and
 // not authenticated (a worker's connection is never cut by these limits).
 func (l *Listener) closeUnauthenticated(ap netip.AddrPort, reason string) bool {
+	ap = unmapped(ap)
 	l.mu.Lock()
 	tc := l.conns[ap]
 	l.mu.Unlock()
@@ -317,7 +347,7 @@ func (l *Listener) Check() error {
 	switch {
 	case l.acceptErr != nil:
 		return errors.New("listener failed: " + l.acceptErr.Error())
-	case l.waitingAll:
+	case l.waitingAll || l.fullLocked():
 		return errors.New("every connection slot is held by an authenticated worker")
 	}
 	return nil
@@ -403,11 +433,16 @@ func (c *trackedConn) closeFor(reason string) {
 	c.Close()
 }
 
+// addrPortOf is a connection's remote address, IPv4-mapped IPv6
+// addresses unmapped (a dual-stack socket reports IPv4 peers mapped).
 func addrPortOf(a net.Addr) netip.AddrPort {
 	if tcp, ok := a.(*net.TCPAddr); ok {
-		ap := tcp.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		return unmapped(tcp.AddrPort())
 	}
 	ap, _ := netip.ParseAddrPort(a.String())
+	return unmapped(ap)
+}
+
+func unmapped(ap netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
@@ -303,8 +305,46 @@ func TestPanicBecomesInternal(t *testing.T) {
 	if n := strings.Count(fs.logs.String(), "panic in request handler"); n != 2 {
 		t.Fatalf("%d panic log lines, want one per panic", n)
 	}
+	if got := testutil.ToFloat64(fs.metrics.signerInflight); got != 0 {
+		t.Fatalf("signer in-flight gauge %v after panics, want 0 (slots leaked)", got)
+	}
 	fs.signer.setPanic(false)
 	if err := fs.certificate(t, conn, testToken); err != nil {
 		t.Fatalf("after a panic: %v", err)
+	}
+}
+
+func TestFullOfAuthenticatedWorkers(t *testing.T) {
+	fs := startFront(t, ConnLimits{MaxConnections: 2, MaxUnauthenticated: 2})
+	a, b := fs.client(t, "127.0.0.1"), fs.client(t, "127.0.0.2")
+	for _, c := range []*grpc.ClientConn{a, b} {
+		if err := fs.certificate(t, c, testToken); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "not ready while every slot is authenticated", func() bool { return fs.front.Check() != nil })
+	// A third connection waits in the accept queue, and gets in once a
+	// worker's connection ends.
+	third := fs.client(t, "127.0.0.3")
+	done := make(chan error, 1)
+	go func() { done <- fs.certificate(t, third, testToken) }()
+	select {
+	case err := <-done:
+		t.Fatalf("third connection served over the bound: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	a.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("after a slot freed: %v", err)
+	}
+	b.Close()
+	eventually(t, "ready again", func() bool { return fs.front.Check() == nil })
+}
+
+func TestMappedAddressesMatch(t *testing.T) {
+	mapped := &net.TCPAddr{IP: net.ParseIP("::ffff:10.0.0.1"), Port: 4000}
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: mapped})
+	if got := peerAddress(ctx); got != netip.MustParseAddrPort("10.0.0.1:4000") || got != addrPortOf(mapped) {
+		t.Fatalf("peer %v, listener key %v: a dual-stack socket's IPv4 peers would never authenticate", got, addrPortOf(mapped))
 	}
 }

@@ -7,11 +7,11 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -140,6 +140,30 @@ func (s *Service) Certificate(ctx context.Context, req *securityapi.CertificateR
 	return resp, toStatus(err)
 }
 
+// issue signs through the signer gate. The gate slot and the in-flight
+// gauge are released by defer: a panicking backend (answered Internal by
+// the recovery interceptor) must not leak a slot each time.
+func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*x509.Certificate, error) {
+	release, err := s.limiter.acquireSigner(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	s.metrics.inflight(1)
+	defer s.metrics.inflight(-1)
+	t0 := s.now()
+	cert, err := Issue(r, creds.ca, s.signer, s.limits.Validity, s.now(), s.rand)
+	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
+	s.signerState.observe(err)
+	if s.readiness != nil {
+		s.readiness.Observe(err)
+	}
+	if err != nil {
+		return nil, &signError{err: err}
+	}
+	return cert, nil
+}
+
 func (s *Service) certificate(ctx context.Context, creds *Credentials, req *securityapi.CertificateRequest, peerAddr netip.AddrPort, rec *auditRecord) (*securityapi.CertificateResponse, error) {
 	if err := s.authenticate(ctx, creds, peerAddr.Addr()); err != nil {
 		return nil, err
@@ -153,22 +177,9 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	if err := s.policy.Check(r, peerAddr.Addr()); err != nil {
 		return nil, err
 	}
-	release, err := s.limiter.acquireSigner(ctx)
+	cert, err := s.issue(ctx, r, creds)
 	if err != nil {
 		return nil, err
-	}
-	s.metrics.inflight(1)
-	t0 := s.now()
-	cert, err := Issue(r, creds.ca, s.signer, s.limits.Validity, s.now(), s.rand)
-	s.metrics.inflight(-1)
-	release()
-	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
-	s.signerState.observe(err)
-	if s.readiness != nil {
-		s.readiness.Observe(err)
-	}
-	if err != nil {
-		return nil, &signError{err: err}
 	}
 	rec.serial = cert.SerialNumber.Text(16)
 	rec.notAfter = cert.NotAfter
@@ -233,14 +244,7 @@ func peerAddress(ctx context.Context) netip.AddrPort {
 	if !ok || p.Addr == nil {
 		return netip.AddrPort{}
 	}
-	if tcp, ok := p.Addr.(*net.TCPAddr); ok {
-		return tcp.AddrPort()
-	}
-	ap, err := netip.ParseAddrPort(p.Addr.String())
-	if err != nil {
-		return netip.AddrPort{}
-	}
-	return ap
+	return addrPortOf(p.Addr)
 }
 
 type auditRecord struct {
