@@ -270,13 +270,9 @@ func (l *Listener) untrackLocked(tc *trackedConn) bool {
 		return false
 	}
 	delete(l.conns, tc.key)
+	l.leaveUnauthLocked(tc)
 	pa := l.perAddr[tc.key.Addr()]
 	pa.total--
-	if tc.elem != nil {
-		l.unauth.Remove(tc.elem)
-		tc.elem = nil
-		pa.unauth--
-	}
 	if pa.total == 0 {
 		delete(l.perAddr, tc.key.Addr())
 	}
@@ -286,51 +282,60 @@ func (l *Listener) untrackLocked(tc *trackedConn) bool {
 	return true
 }
 
+// unauthenticatedLocked returns the open, not yet authenticated
+// connection from ap, or nil.
+func (l *Listener) unauthenticatedLocked(ap netip.AddrPort) *trackedConn {
+	tc := l.conns[unmapped(ap)]
+	if tc == nil || tc.authenticated {
+		return nil
+	}
+	return tc
+}
+
 // established records that the connection from ap finished its TLS and
 // HTTP/2 set-up: its deadline becomes the authentication deadline.
 func (l *Listener) established(ap netip.AddrPort) {
-	ap = unmapped(ap)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	tc := l.conns[ap]
-	if tc == nil || tc.authenticated {
-		return
+	if tc := l.unauthenticatedLocked(ap); tc != nil {
+		tc.timer.Stop()
+		left := l.cfg.AuthTimeout - l.now().Sub(tc.accepted)
+		tc.timer = time.AfterFunc(max(left, 0), func() { tc.closeFor(closedAuthTimeout) })
 	}
-	tc.timer.Stop()
-	left := l.cfg.AuthTimeout - l.now().Sub(tc.accepted)
-	tc.timer = time.AfterFunc(max(left, 0), func() { tc.closeFor(closedAuthTimeout) })
 }
 
 // authenticated records that the connection from ap carried a request
 // with a valid token: it leaves the unauthenticated budget for good.
 func (l *Listener) authenticated(ap netip.AddrPort) {
-	ap = unmapped(ap)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	tc := l.conns[ap]
-	if tc == nil || tc.authenticated {
-		return
+	if tc := l.unauthenticatedLocked(ap); tc != nil {
+		tc.timer.Stop()
+		l.leaveUnauthLocked(tc)
+		tc.authenticated = true
+		l.metrics.connAuthenticated()
 	}
-	tc.timer.Stop()
-	tc.authenticated = true
-	l.unauth.Remove(tc.elem)
-	tc.elem = nil
-	l.perAddr[ap.Addr()].unauth--
-	l.metrics.connAuthenticated()
 }
 
-// closeUnauthenticated closes the connection from ap for reason, if it is open and
-// not authenticated (a worker's connection is never cut by these limits).
-func (l *Listener) closeUnauthenticated(ap netip.AddrPort, reason string) bool {
-	ap = unmapped(ap)
-	l.mu.Lock()
-	tc := l.conns[ap]
-	l.mu.Unlock()
-	if tc == nil || tc.authenticated {
-		return false
+// leaveUnauthLocked takes tc out of the unauthenticated budget.
+func (l *Listener) leaveUnauthLocked(tc *trackedConn) {
+	if tc.elem != nil {
+		l.unauth.Remove(tc.elem)
+		tc.elem = nil
+		l.perAddr[tc.key.Addr()].unauth--
 	}
-	tc.closeFor(reason)
-	return true
+}
+
+// closeUnauthenticated closes the connection from ap for reason, if it is
+// open and not authenticated (a worker's connection is never cut by these
+// limits).
+func (l *Listener) closeUnauthenticated(ap netip.AddrPort, reason string) {
+	l.mu.Lock()
+	tc := l.unauthenticatedLocked(ap)
+	l.mu.Unlock()
+	if tc != nil {
+		tc.closeFor(reason)
+	}
 }
 
 // open is the number of open connections.
