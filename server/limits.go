@@ -10,7 +10,8 @@ import (
 )
 
 // RateLimits bound load per caller and on the signer. Zero values take the
-// defaults documented on each field; a negative rate disables that limit.
+// defaults documented on each field; a negative rate disables that limit,
+// and a burst of zero or less takes the default.
 type RateLimits struct {
 	// PerPeerRate is the sustained requests per second from one address
 	// (default 1: a worker asks once per 12 h, and ~7 times a minute while
@@ -44,13 +45,13 @@ func (r RateLimits) withDefaults() RateLimits {
 	if r.PerPeerRate == 0 {
 		r.PerPeerRate = 1
 	}
-	if r.PerPeerBurst == 0 {
+	if r.PerPeerBurst <= 0 {
 		r.PerPeerBurst = 20
 	}
 	if r.BadTokenRate == 0 {
 		r.BadTokenRate = 0.1
 	}
-	if r.BadTokenBurst == 0 {
+	if r.BadTokenBurst <= 0 {
 		r.BadTokenBurst = 5
 	}
 	if r.MaxSignerQueue == 0 {

@@ -95,6 +95,9 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	initLabels(m.connsRefused, closedPerAddress)
 	initLabels(m.connsClosed, closedEvicted, closedAuthTimeout, closedHandshake, closedFirstMessage, closedNotReady)
 	initLabels(m.streamsReset, closedFirstMessage)
+	for _, what := range []string{"credentials", "serving"} {
+		initLabels(m.reloads.MustCurryWith(prometheus.Labels{"what": what}), "ok", "error")
+	}
 	m.connsOpen.WithLabelValues("unauthenticated")
 	m.connsOpen.WithLabelValues("authenticated")
 	for _, kind := range []string{"policy", "device", "auth", "options", "other"} {

@@ -113,6 +113,7 @@ func New(cfg Config) (*Service, error) {
 	s.signerState.log = s.log
 	s.limiter = newLimiter(cfg.RateLimits, s.now)
 	s.metrics.SetCAExpiry(cfg.Credentials.CA().NotAfter, s.now())
+	s.metrics.SetTokenCount(cfg.Credentials.Tokens())
 	return s, nil
 }
 
@@ -121,6 +122,7 @@ func New(cfg Config) (*Service, error) {
 func (s *Service) SetCredentials(c *Credentials) {
 	s.creds.Store(c)
 	s.metrics.SetCAExpiry(c.CA().NotAfter, s.now())
+	s.metrics.SetTokenCount(c.Tokens())
 }
 
 // Credentials returns the current credentials.
