@@ -170,7 +170,6 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	if err := s.authenticate(ctx, creds, peerAddr.Addr()); err != nil {
 		return nil, err
 	}
-	streamFrom(ctx).authenticated()
 	r, err := ParseRequest(req.GetCsr(), s.limits)
 	if err != nil {
 		return nil, err
@@ -202,6 +201,9 @@ func (s *Service) authenticate(ctx context.Context, creds *Credentials, a netip.
 		return s.limiter.wrongToken(a, err)
 	}
 	s.metrics.tokenMatched(idx)
+	// The connection is a worker's from now on, even if a limit refuses
+	// this request: it leaves the unauthenticated budget.
+	streamFrom(ctx).authenticated()
 	return s.limiter.admit(a)
 }
 
