@@ -32,6 +32,7 @@ type Readiness struct {
 	health  *health.Server
 	metrics *Metrics
 
+	probes     sync.WaitGroup // probe signatures still running
 	checks     []func() error
 	onNotReady func()
 	log        *slog.Logger
@@ -112,7 +113,7 @@ func (r *Readiness) Ready(ctx context.Context) bool {
 	r.lastProbe = r.now()
 	r.mu.Unlock()
 
-	err := probeSign(ctx, r.signer)
+	err := probeSign(ctx, r.signer, &r.probes)
 	r.mu.Lock()
 	r.probing = false
 	r.mu.Unlock()
@@ -122,10 +123,22 @@ func (r *Readiness) Ready(ctx context.Context) bool {
 
 // Run re-evaluates readiness every interval until ctx ends, so that the
 // gRPC health status and the metric follow the signer without traffic.
+//
+// Before returning it waits (up to probeDrain) for a probe signature still
+// on the device, so that the signer is not closed under it.
 func (r *Readiness) Run(ctx context.Context, interval time.Duration) {
 	r.publish(r.Ready(ctx))
 	every(ctx, interval, func() { r.publish(r.Ready(ctx)) })
+	done := make(chan struct{})
+	go func() { r.probes.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(probeDrain):
+	}
 }
+
+// probeDrain bounds how long shutdown waits for a probe signature.
+const probeDrain = 5 * time.Second
 
 func (r *Readiness) publish(signerReady bool) {
 	r.signerChanged(signerReady)
@@ -162,10 +175,12 @@ func (r *Readiness) signerChanged(ready bool) {
 func (r *Readiness) RegisterHealth(g *grpc.Server) { healthpb.RegisterHealthServer(g, r.health) }
 
 // probeSign makes one throw-away signature.
-func probeSign(ctx context.Context, s signer.Signer) error {
+func probeSign(ctx context.Context, s signer.Signer, running *sync.WaitGroup) error {
 	msg := []byte("steward-trustd readiness probe")
 	done := make(chan error, 1)
+	running.Add(1)
 	go func() {
+		defer running.Done()
 		var err error
 		if _, ok := s.Public().(ed25519.PublicKey); ok {
 			_, err = s.Sign(nil, msg, crypto.Hash(0))

@@ -35,6 +35,12 @@ func serve(ctx context.Context, cfg *config, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	return serveWith(ctx, cfg, sgn, log)
+}
+
+// serveWith runs the daemon on an open signer and closes it once every
+// part has stopped: requests in flight at shutdown still sign.
+func serveWith(ctx context.Context, cfg *config, sgn signer.Signer, log *slog.Logger) error {
 	d, err := newDaemon(cfg, sgn, log)
 	if err == nil {
 		err = d.run(ctx)
