@@ -65,25 +65,8 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "trustd_signer_ready", Help: "1 when the signer signed successfully recently, else 0.",
 		}),
-		connsOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "trustd_connections_open", Help: "Open connections on the SecurityService port, by state (unauthenticated: no request with a valid token yet).",
-		}, []string{"state"}),
-		connsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "trustd_connections_refused_total", Help: "Connections closed at once when accepted, by the limit that refused them (per_address).",
-		}, []string{"limit"}),
-		connsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "trustd_connections_closed_total", Help: "Open connections closed by a limit (unauthenticated_evicted, auth_timeout, handshake_timeout, first_message_timeout, signer_not_ready).",
-		}, []string{"limit"}),
-		streamsReset: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "trustd_streams_reset_total", Help: "Request streams ended by the daemon before their message arrived, by reason (first_message_timeout).",
-		}, []string{"reason"}),
-		connsLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "trustd_connections_limit", Help: "Configured connection bounds (max_connections, max_unauthenticated, per_address), for alerts on trustd_connections_open.",
-		}, []string{"limit"}),
-		tokenUsed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "trustd_token_used_total", Help: "Requests authenticated, by the index of the token that matched (0 = first line of the token file); never the token.",
-		}, []string{"index"}),
 	}
+	m.addFrontDoor()
 	ext := "false"
 	if extractable {
 		ext = "true"
@@ -92,14 +75,9 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	// Every label value an alert rule uses exists from the start at 0,
 	// so that increase() sees the first event.
 	initLabels(m.denied, "auth", "policy", "bad_csr", "oversized", "rate_limit", "signer", "other")
-	initLabels(m.connsRefused, closedPerAddress)
-	initLabels(m.connsClosed, closedEvicted, closedAuthTimeout, closedHandshake, closedFirstMessage, closedNotReady)
-	initLabels(m.streamsReset, closedFirstMessage)
 	for _, what := range []string{"credentials", "serving"} {
 		initLabels(m.reloads.MustCurryWith(prometheus.Labels{"what": what}), "ok", "error")
 	}
-	m.connsOpen.WithLabelValues("unauthenticated")
-	m.connsOpen.WithLabelValues("authenticated")
 	for _, kind := range []string{"policy", "device", "auth", "options", "other"} {
 		m.signerErrors.WithLabelValues(backend, kind)
 	}
@@ -107,6 +85,36 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 		m.signerInfo, m.reloads, m.signerInflight, m.ready, m.connsOpen, m.connsRefused, m.connsClosed,
 		m.streamsReset, m.tokenUsed, m.connsLimit)
 	return m
+}
+
+// addFrontDoor creates the collectors of the front door: connections,
+// streams and tokens.
+func (m *Metrics) addFrontDoor() {
+	m.connsOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "trustd_connections_open", Help: "Open connections on the SecurityService port, by state (unauthenticated: no request with a valid token yet).",
+	}, []string{"state"})
+	m.connsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_connections_refused_total", Help: "Connections closed at once when accepted, by the limit that refused them (per_address).",
+	}, []string{"limit"})
+	m.connsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_connections_closed_total", Help: "Open connections closed by a limit (unauthenticated_evicted, auth_timeout, handshake_timeout, first_message_timeout, signer_not_ready).",
+	}, []string{"limit"})
+	m.streamsReset = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_streams_reset_total", Help: "Request streams ended by the daemon before their message arrived, by reason (first_message_timeout).",
+	}, []string{"reason"})
+	m.connsLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "trustd_connections_limit", Help: "Configured connection bounds (max_connections, max_unauthenticated, per_address), for alerts on trustd_connections_open.",
+	}, []string{"limit"})
+	m.tokenUsed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_token_used_total", Help: "Requests authenticated, by the index of the token that matched (0 = first line of the token file); never the token.",
+	}, []string{"index"})
+	// Every label value an alert rule uses exists from the start at 0,
+	// so that increase() sees the first event.
+	initLabels(m.connsRefused, closedPerAddress)
+	initLabels(m.connsClosed, closedEvicted, closedAuthTimeout, closedHandshake, closedFirstMessage, closedNotReady)
+	initLabels(m.streamsReset, closedFirstMessage)
+	m.connsOpen.WithLabelValues("unauthenticated")
+	m.connsOpen.WithLabelValues("authenticated")
 }
 
 func initLabels(c *prometheus.CounterVec, values ...string) {
