@@ -21,10 +21,17 @@ func (e *limitError) Error() string { return e.reason }
 
 // oversizeError is a request gRPC refused before the handler because its
 // message exceeded the size limit: ResourceExhausted (gRPC's own answer).
-type oversizeError struct{ limit int }
+type oversizeError struct {
+	limit int
+	also  string // what else was wrong (a wrong token), for the audit line
+}
 
 func (e *oversizeError) Error() string {
-	return fmt.Sprintf("request message larger than the %d-byte limit", e.limit)
+	msg := fmt.Sprintf("request message larger than the %d-byte limit", e.limit)
+	if e.also != "" {
+		msg += "; also: " + e.also
+	}
+	return msg
 }
 
 // signError is a failure of the signing device or of issuance around it:
@@ -63,7 +70,7 @@ func classify(err error) class {
 	case errors.As(err, &polErr):
 		return class{codes.PermissionDenied, polErr.msg, "denied_policy"}
 	case errors.As(err, &sizeErr):
-		return class{codes.ResourceExhausted, sizeErr.Error(), "denied_oversized"}
+		return class{codes.ResourceExhausted, "request too large", "denied_oversized"}
 	case errors.As(err, &limErr):
 		return class{codes.ResourceExhausted, limErr.reason, "denied_rate_limit"}
 	case errors.Is(err, context.DeadlineExceeded):

@@ -59,7 +59,6 @@ func serverOptions(svc *Service, tlsCfg *tls.Config, lim ConnLimits) []grpc.Serv
 		grpc.WriteBufferSize(8 << 10),
 		grpc.InitialWindowSize(64 << 10),
 		grpc.InitialConnWindowSize(64 << 10),
-		grpc.SharedWriteBuffer(true),
 		// The Listener enforces (and counts) the handshake timeout; gRPC's
 		// own is the backstop for servers without one.
 		grpc.ConnectionTimeout(lim.HandshakeTimeout + time.Second),

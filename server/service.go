@@ -235,9 +235,9 @@ func checkToken(ctx context.Context, tokens tokenSet) (int, error) {
 func (s *Service) refusedOversized(ctx context.Context) {
 	peerAddr := peerAddress(ctx)
 	authErr := s.authenticate(ctx, s.creds.Load(), peerAddr.Addr())
-	var err error = &oversizeError{limit: s.limits.MaxCSRBytes}
+	err := &oversizeError{limit: s.limits.MaxCSRBytes}
 	if authErr != nil {
-		err = fmt.Errorf("%w (and %v)", err, authErr)
+		err.also = authErr.Error()
 	}
 	s.writeAudit(ctx, auditRecord{peer: peerAddr}, err)
 	s.metrics.observeOutcome(outcome(err))

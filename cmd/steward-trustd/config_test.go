@@ -14,13 +14,7 @@ import (
 
 func TestLoadConfig(t *testing.T) {
 	b64 := base64.StdEncoding.EncodeToString([]byte("pem"))
-	cases := []struct {
-		name    string
-		env     map[string]string
-		flags   []string
-		wantErr string // names the setting at fault
-		check   func(t *testing.T, c *config)
-	}{
+	cases := []configCase{
 		{name: "defaults", check: func(t *testing.T, c *config) {
 			if c.listen != ":50001" || c.signer != "file:///etc/steward-trustd/certs/os-ca.key" {
 				t.Fatalf("listen %q signer %q", c.listen, c.signer)
@@ -45,6 +39,67 @@ func TestLoadConfig(t *testing.T) {
 					t.Fatalf("%+v conns=%+v", r, c.conns)
 				}
 			}},
+		{name: "bad rate", env: map[string]string{"TRUSTD_BAD_TOKEN_RATE": "0"}, wantErr: "TRUSTD_BAD_TOKEN_RATE"},
+		{name: "bad queue", env: map[string]string{"TRUSTD_SIGNER_QUEUE": "-3"}, wantErr: "TRUSTD_SIGNER_QUEUE"},
+		{name: "bad wait", env: map[string]string{"TRUSTD_SIGNER_WAIT": "1ns"}, wantErr: "TRUSTD_SIGNER_WAIT"},
+		{name: "bad port", env: map[string]string{"TRUSTD_PORT": "70000"}, wantErr: "TRUSTD_PORT"},
+		{name: "bad listen", env: map[string]string{"TRUSTD_LISTEN_ADDRESS": "example.com"}, wantErr: "TRUSTD_LISTEN_ADDRESS"},
+		{name: "bad bool", env: map[string]string{"TRUSTD_DEBUG": "yes please"}, wantErr: "TRUSTD_DEBUG"},
+		{name: "bad cidr", env: map[string]string{"TRUSTD_ALLOWED_SAN_CIDRS": "10.0.0.0/33"}, wantErr: "TRUSTD_ALLOWED_SAN_CIDRS"},
+		{name: "bad base64", env: map[string]string{"TRUSTD_OS_CA_KEY": "%%%secret%%%"}, wantErr: "TRUSTD_OS_CA_KEY"},
+		{name: "crt without key", env: map[string]string{"TRUSTD_SERVER_CRT": b64}, wantErr: "TRUSTD_SERVER_KEY"},
+		{name: "inline key and signer", env: map[string]string{"TRUSTD_OS_CA_KEY": b64, "TRUSTD_SIGNER": "tpm:handle=0x81000100"}, wantErr: "TRUSTD_OS_CA_KEY"},
+		{name: "inline key", env: map[string]string{"TRUSTD_OS_CA_KEY": b64}, check: func(t *testing.T, c *config) {
+			if c.signer != "" || string(c.inlineCA) != "pem" {
+				t.Fatalf("signer %q inline %q", c.signer, c.inlineCA)
+			}
+		}},
+	}
+	runConfigCases(t, cases)
+}
+
+// configCase is one configuration and what loading it must give.
+type configCase struct {
+	name    string
+	env     map[string]string
+	flags   []string
+	wantErr string // names the setting at fault
+	check   func(t *testing.T, c *config)
+}
+
+func runConfigCases(t *testing.T, cases []configCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+			registerFlags(fs)
+			if err := fs.Parse(tc.flags); err != nil {
+				t.Fatal(err)
+			}
+			getenv := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+			c, err := loadConfig(resolve(fs, getenv))
+			if tc.wantErr != "" {
+				var ce *configError
+				if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want a config error naming %s", err, tc.wantErr)
+				}
+				if strings.Contains(err.Error(), "secret") {
+					t.Fatal("error echoes the value")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}
+
+// TestLoadConfigFrontDoor covers the connection limits, the token set and
+// the bare booleans.
+func TestLoadConfigFrontDoor(t *testing.T) {
+	runConfigCases(t, []configCase{
 		{name: "bare booleans", flags: []string{"--debug", "--require-peer-ip"}, check: func(t *testing.T, c *config) {
 			if !c.debug || !c.peerIP {
 				t.Fatalf("debug %v peerIP %v", c.debug, c.peerIP)
@@ -84,45 +139,5 @@ func TestLoadConfig(t *testing.T) {
 				t.Fatalf("%v", c.rates.BadTokenRate)
 			}
 		}},
-		{name: "bad rate", env: map[string]string{"TRUSTD_BAD_TOKEN_RATE": "0"}, wantErr: "TRUSTD_BAD_TOKEN_RATE"},
-		{name: "bad queue", env: map[string]string{"TRUSTD_SIGNER_QUEUE": "-3"}, wantErr: "TRUSTD_SIGNER_QUEUE"},
-		{name: "bad wait", env: map[string]string{"TRUSTD_SIGNER_WAIT": "1ns"}, wantErr: "TRUSTD_SIGNER_WAIT"},
-		{name: "bad port", env: map[string]string{"TRUSTD_PORT": "70000"}, wantErr: "TRUSTD_PORT"},
-		{name: "bad listen", env: map[string]string{"TRUSTD_LISTEN_ADDRESS": "example.com"}, wantErr: "TRUSTD_LISTEN_ADDRESS"},
-		{name: "bad bool", env: map[string]string{"TRUSTD_DEBUG": "yes please"}, wantErr: "TRUSTD_DEBUG"},
-		{name: "bad cidr", env: map[string]string{"TRUSTD_ALLOWED_SAN_CIDRS": "10.0.0.0/33"}, wantErr: "TRUSTD_ALLOWED_SAN_CIDRS"},
-		{name: "bad base64", env: map[string]string{"TRUSTD_OS_CA_KEY": "%%%secret%%%"}, wantErr: "TRUSTD_OS_CA_KEY"},
-		{name: "crt without key", env: map[string]string{"TRUSTD_SERVER_CRT": b64}, wantErr: "TRUSTD_SERVER_KEY"},
-		{name: "inline key and signer", env: map[string]string{"TRUSTD_OS_CA_KEY": b64, "TRUSTD_SIGNER": "tpm:handle=0x81000100"}, wantErr: "TRUSTD_OS_CA_KEY"},
-		{name: "inline key", env: map[string]string{"TRUSTD_OS_CA_KEY": b64}, check: func(t *testing.T, c *config) {
-			if c.signer != "" || string(c.inlineCA) != "pem" {
-				t.Fatalf("signer %q inline %q", c.signer, c.inlineCA)
-			}
-		}},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
-			registerFlags(fs)
-			if err := fs.Parse(tc.flags); err != nil {
-				t.Fatal(err)
-			}
-			getenv := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
-			c, err := loadConfig(resolve(fs, getenv))
-			if tc.wantErr != "" {
-				var ce *configError
-				if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err %v, want a config error naming %s", err, tc.wantErr)
-				}
-				if strings.Contains(err.Error(), "secret") {
-					t.Fatal("error echoes the value")
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			tc.check(t, c)
-		})
-	}
+	})
 }
