@@ -75,6 +75,13 @@ const (
 	closedNotReady     = "signer_not_ready"
 )
 
+// Stages at which unauthenticated connections end without a request; the
+// label of trustd_connections_abandoned_total.
+const (
+	abandonedHandshake     = "handshake"
+	abandonedBeforeRequest = "before_request"
+)
+
 // errListenerClosed is returned by Accept once the listener is closed.
 var errListenerClosed = errors.New("listener closed")
 
@@ -298,9 +305,19 @@ func (l *Listener) established(ap netip.AddrPort) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if tc := l.unauthenticatedLocked(ap); tc != nil {
+		tc.setUp = true
 		tc.timer.Stop()
 		left := l.cfg.AuthTimeout - l.now().Sub(tc.accepted)
 		tc.timer = time.AfterFunc(max(left, 0), func() { tc.closeFor(closedAuthTimeout) })
+	}
+}
+
+// streamStarted records a request stream on the connection from ap.
+func (l *Listener) streamStarted(ap netip.AddrPort) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if tc := l.conns[unmapped(ap)]; tc != nil {
+		tc.streams++
 	}
 }
 
@@ -406,6 +423,8 @@ type trackedConn struct {
 	accepted      time.Time
 	elem          *list.Element // in l.unauth while unauthenticated
 	authenticated bool
+	setUp         bool // TLS and HTTP/2 set-up done
+	streams       int  // request streams seen
 	timer         *time.Timer
 	once          sync.Once
 }
@@ -415,11 +434,32 @@ func (c *trackedConn) Close() error {
 	var err error
 	c.once.Do(func() {
 		c.l.mu.Lock()
-		c.l.untrackLocked(c)
+		stage := ""
+		if c.l.untrackLocked(c) {
+			stage = c.abandonedLocked()
+		}
 		c.l.mu.Unlock()
+		if stage != "" {
+			c.l.metrics.connAbandoned(stage)
+		}
 		err = c.Conn.Close()
 	})
 	return err
+}
+
+// abandonedLocked names how an unauthenticated connection that ends
+// without any request ended (by the client, or by gRPC for a protocol
+// violation such as a header list far over the bound): "handshake" or
+// "before_request"; "" for any other connection.
+func (c *trackedConn) abandonedLocked() string {
+	switch {
+	case c.authenticated || c.streams > 0:
+		return ""
+	case !c.setUp:
+		return abandonedHandshake
+	default:
+		return abandonedBeforeRequest
+	}
 }
 
 // closeFor closes the connection because of a limit and counts it; a

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -16,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -347,4 +350,36 @@ func TestMappedAddressesMatch(t *testing.T) {
 	if got := peerAddress(ctx); got != netip.MustParseAddrPort("10.0.0.1:4000") || got != addrPortOf(mapped) {
 		t.Fatalf("peer %v, listener key %v: a dual-stack socket's IPv4 peers would never authenticate", got, addrPortOf(mapped))
 	}
+}
+
+// TestHeaderFloodIsVisible: a header list far over the bound closes the
+// connection (x/net's framer), before any request reaches the daemon; it
+// is counted as abandoned before a request.
+func TestHeaderFloodIsVisible(t *testing.T) {
+	fs := startFront(t, ConnLimits{MaxHeaderBytes: 4096})
+	c := tls.Client(fs.dialFrom(t, "127.0.0.8"), &tls.Config{RootCAs: fs.roots, ServerName: "127.0.0.1", NextProtos: []string{"h2"}})
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "https"}, {":path", methodCertificate}, {":authority", "x"}, {"content-type", "application/grpc"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	for range 16 {
+		_ = enc.WriteField(hpack.HeaderField{Name: "x-pad", Value: strings.Repeat("p", 4<<10), Sensitive: true})
+	}
+	b := block.Bytes()
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: b[:16<<10]})
+	for rest := b[16<<10:]; err == nil && len(rest) > 0; rest = rest[min(16<<10, len(rest)):] {
+		err = fr.WriteContinuation(1, len(rest) <= 16<<10, rest[:min(16<<10, len(rest))])
+	}
+	waitClosed(t, c, 3*time.Second)
+	eventually(t, "abandoned connection counted", func() bool {
+		return testutil.ToFloat64(fs.metrics.connsAbandoned.WithLabelValues(abandonedBeforeRequest)) >= 1
+	})
 }

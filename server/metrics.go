@@ -26,6 +26,7 @@ type Metrics struct {
 	streamsReset   *prometheus.CounterVec
 	tokenUsed      *prometheus.CounterVec
 	connsLimit     *prometheus.GaugeVec
+	connsAbandoned *prometheus.CounterVec
 	backend        string
 }
 
@@ -83,7 +84,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	}
 	reg.MustRegister(m.issued, m.denied, m.signerLatency, m.signerErrors, m.caExpiry, m.servingExpiry,
 		m.signerInfo, m.reloads, m.signerInflight, m.ready, m.connsOpen, m.connsRefused, m.connsClosed,
-		m.streamsReset, m.tokenUsed, m.connsLimit)
+		m.streamsReset, m.tokenUsed, m.connsLimit, m.connsAbandoned)
 	return m
 }
 
@@ -105,6 +106,10 @@ func (m *Metrics) addFrontDoor() {
 	m.connsLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "trustd_connections_limit", Help: "Configured connection bounds (max_connections, max_unauthenticated, per_address), for alerts on trustd_connections_open.",
 	}, []string{"limit"})
+	m.connsAbandoned = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_connections_abandoned_total",
+		Help: "Connections without a valid token that ended without any request, by stage (handshake, before_request): the client left, or gRPC closed it for a protocol violation such as a header list far over the bound.",
+	}, []string{"stage"})
 	m.tokenUsed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "trustd_token_used_total", Help: "Requests authenticated, by the index of the token that matched (0 = first line of the token file); never the token.",
 	}, []string{"index"})
@@ -113,6 +118,7 @@ func (m *Metrics) addFrontDoor() {
 	initLabels(m.connsRefused, closedPerAddress)
 	initLabels(m.connsClosed, closedEvicted, closedAuthTimeout, closedHandshake, closedFirstMessage, closedNotReady)
 	initLabels(m.streamsReset, closedFirstMessage)
+	initLabels(m.connsAbandoned, abandonedHandshake, abandonedBeforeRequest)
 	m.connsOpen.WithLabelValues("unauthenticated")
 	m.connsOpen.WithLabelValues("authenticated")
 }
@@ -265,6 +271,12 @@ func (m *Metrics) connClosed(limit string) {
 func (m *Metrics) connsClosedN(limit string, n int) {
 	if m != nil {
 		m.connsClosed.WithLabelValues(limit).Add(float64(n))
+	}
+}
+
+func (m *Metrics) connAbandoned(stage string) {
+	if m != nil {
+		m.connsAbandoned.WithLabelValues(stage).Inc()
 	}
 }
 

@@ -65,6 +65,9 @@ func streamFrom(ctx context.Context) *streamState {
 func (g *streamGuard) tapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	st := &streamState{method: info.FullMethodName, peer: peerAddress(ctx), lis: g.lis}
+	if g.lis != nil {
+		g.lis.streamStarted(st.peer)
+	}
 	st.timer = time.AfterFunc(g.timeout, func() {
 		if !st.phase.CompareAndSwap(streamWaiting, streamTimedOut) {
 			return
