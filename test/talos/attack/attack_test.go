@@ -63,6 +63,9 @@ type attack struct {
 	maxRSS     int64 // bytes; 0: report only
 	minHeld    int64 // the attack must have held at least this many connections at once
 	minStreams int64 // and started at least this many request streams
+	// metrics are series of the daemon's /metrics that must grow during
+	// the attack: the attack is visible to monitoring.
+	metrics []string
 }
 
 // sources returns n loopback addresses other than the worker's 127.0.0.1.
@@ -90,18 +93,23 @@ func TestAttacks(t *testing.T) {
 	// (1/s, burst 20) would measure itself rather than the attacks.
 	d := devtest.StartDaemon(t, filepath.Join(binDir, "steward-trustd"), "TRUSTD_CERT_DIR="+certs,
 		fmt.Sprintf("TRUSTD_HEALTH_ADDR=127.0.0.1:%d", healthPort), "TRUSTD_PEER_RATE=-1")
-	w := &workers{addr: d.Addr, token: token, caPEM: caPEM}
+	w := &workers{addr: d.Addr, token: token, caPEM: caPEM, metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", healthPort)}
 	time.Sleep(time.Second) // let the start-up settle before measuring idle memory
 	idle := rss(t, d.PID(), "VmRSS")
 	t.Logf("idle RSS: %.1f MiB", mib(idle))
 
 	attacks := []attack{
 		{name: "none (baseline)", srcs: sources(10, 1), slots: 0},
-		{name: "256 hanging streams", srcs: sources(10, 8), slots: 256, action: hangingStream, minHeld: 64, minStreams: 256},
-		{name: "256 idle TLS+HTTP/2 connections", srcs: sources(20, 8), slots: 256, action: idleConnection, minHeld: 64},
-		{name: "256 silent TCP sockets", srcs: sources(30, 8), slots: 256, action: silentSocket, minHeld: 64},
-		{name: "header flood 128 streams x 8 MiB", srcs: sources(40, 8), slots: 8, action: headerFlood(16, 8<<20), maxRSS: 64 << 20, minHeld: 1, minStreams: 128},
-		{name: "wrong-token client on the worker's address", srcs: []string{"127.0.0.1"}, slots: 4, action: wrongTokenClient(roots), minStreams: 100},
+		{name: "256 hanging streams", srcs: sources(10, 8), slots: 256, action: hangingStream, minHeld: 64, minStreams: 256,
+			metrics: []string{`trustd_connections_closed_total{limit="unauthenticated_evicted"}`}},
+		{name: "256 idle TLS+HTTP/2 connections", srcs: sources(20, 8), slots: 256, action: idleConnection, minHeld: 64,
+			metrics: []string{`trustd_connections_closed_total{limit="unauthenticated_evicted"}`}},
+		{name: "256 silent TCP sockets", srcs: sources(30, 8), slots: 256, action: silentSocket, minHeld: 64,
+			metrics: []string{`trustd_connections_closed_total{limit="unauthenticated_evicted"}`}},
+		{name: "header flood 128 streams x 8 MiB", srcs: sources(40, 8), slots: 8, action: headerFlood(16, 8<<20), maxRSS: 64 << 20, minHeld: 1, minStreams: 128,
+			metrics: []string{`trustd_connections_abandoned_total{stage="before_request"}`}},
+		{name: "wrong-token client on the worker's address", srcs: []string{"127.0.0.1"}, slots: 4, action: wrongTokenClient(roots), minStreams: 100,
+			metrics: []string{`trustd_requests_denied_total{reason="auth"}`, `trustd_requests_denied_total{reason="rate_limit"}`}},
 	}
 	var report []string
 	for _, at := range attacks {
@@ -158,6 +166,7 @@ func (r result) row(name string) string {
 func runAttack(t *testing.T, pid int, w *workers, at attack) result {
 	t.Helper()
 	resetPeakRSS(t, pid)
+	before := scrape(t, w.metricsURL)
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &attacker{addr: w.addr, srcs: at.srcs, slots: at.slots, action: at.action}
 	var wg sync.WaitGroup
@@ -168,6 +177,12 @@ func runAttack(t *testing.T, pid int, w *workers, at attack) result {
 	}
 	res := w.attempt(t, *attempts, *concurrent)
 	res.peakRSS = rss(t, pid, "VmHWM")
+	after := scrape(t, w.metricsURL)
+	for _, m := range at.metrics {
+		if after[m] <= before[m] {
+			t.Errorf("%s did not grow (%v → %v): the attack is invisible to monitoring", m, before[m], after[m])
+		}
+	}
 	cancel()
 	wg.Wait()
 	res.opened, res.peakHeld, res.streams = a.opened.Load(), a.peak.Load(), a.streams.Load()
@@ -179,6 +194,7 @@ func runAttack(t *testing.T, pid int, w *workers, at attack) result {
 type workers struct {
 	addr, token string
 	caPEM       []byte
+	metricsURL  string
 }
 
 // attempt makes n worker attempts, c at a time, each with a fresh key and
