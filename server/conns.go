@@ -3,6 +3,7 @@ package server
 import (
 	"container/list"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -108,6 +109,13 @@ type Listener struct {
 	closed     bool
 	acceptErr  error
 	waitingAll bool // every slot is held by an authenticated connection
+	// stuckSince is when new connections started waiting (all slots
+	// authenticated) or accepting started failing; zero while fine.
+	stuckSince time.Time
+	// stuckGrace is how long that may last before the listener reports
+	// that it cannot take workers (default 10s): a fleet power-up fills
+	// the slots for moments, which is no reason to leave the Service.
+	stuckGrace time.Duration
 }
 
 type addrCount struct{ total, unauth int }
@@ -116,11 +124,12 @@ type addrCount struct{ total, unauth int }
 func NewListener(inner net.Listener, cfg ConnLimits, m *Metrics, st *stateLog) *Listener {
 	l := &Listener{
 		inner: inner, cfg: cfg.withDefaults(), metrics: m, state: st, now: time.Now,
-		admitted: make(chan net.Conn),
-		done:     make(chan struct{}),
-		conns:    map[netip.AddrPort]*trackedConn{},
-		perAddr:  map[netip.Addr]*addrCount{},
-		unauth:   list.New(),
+		stuckGrace: 10 * time.Second,
+		admitted:   make(chan net.Conn),
+		done:       make(chan struct{}),
+		conns:      map[netip.AddrPort]*trackedConn{},
+		perAddr:    map[netip.Addr]*addrCount{},
+		unauth:     list.New(),
 	}
 	l.room = sync.NewCond(&l.mu)
 	m.setConnLimits(l.cfg)
@@ -141,7 +150,7 @@ func (l *Listener) Run() error {
 			}
 			return l.acceptFailed(err)
 		}
-		l.state.set("accept_failing", false, "accepting connections fails (out of file descriptors?); retrying")
+		l.acceptRecovered()
 		if tc := l.admit(c); tc != nil {
 			select {
 			case l.admitted <- tc:
@@ -161,12 +170,33 @@ func (l *Listener) retryAccept(err error) bool {
 	if !errors.As(err, &te) || !te.Temporary() {
 		return false
 	}
+	l.mu.Lock()
+	l.setStuckLocked(true)
+	l.mu.Unlock()
 	l.state.set("accept_failing", true, "accepting connections fails (out of file descriptors?); retrying")
 	select {
 	case <-l.done:
 		return false
 	case <-time.After(50 * time.Millisecond):
 		return true
+	}
+}
+
+func (l *Listener) acceptRecovered() {
+	l.mu.Lock()
+	l.setStuckLocked(l.waitingAll)
+	l.mu.Unlock()
+	l.state.set("accept_failing", false, "accepting connections fails (out of file descriptors?); retrying")
+}
+
+// setStuckLocked starts or ends a period in which new connections cannot
+// be taken.
+func (l *Listener) setStuckLocked(stuck bool) {
+	switch {
+	case !stuck:
+		l.stuckSince = time.Time{}
+	case l.stuckSince.IsZero():
+		l.stuckSince = l.now()
 	}
 }
 
@@ -200,6 +230,7 @@ func (l *Listener) fullLocked() bool {
 func (l *Listener) setWaitingAll(v bool) {
 	if l.waitingAll != v {
 		l.waitingAll = v
+		l.setStuckLocked(v)
 		l.state.set("connections_full", v, "every connection slot is held by an authenticated worker; new connections wait in the kernel's accept queue (raise TRUSTD_MAX_CONNECTIONS if this lasts)")
 	}
 }
@@ -369,8 +400,11 @@ func (l *Listener) Check() error {
 	switch {
 	case l.acceptErr != nil:
 		return errors.New("listener failed: " + l.acceptErr.Error())
-	case l.waitingAll || l.fullLocked():
-		return errors.New("every connection slot is held by an authenticated worker")
+	case !l.stuckSince.IsZero() && l.now().Sub(l.stuckSince) >= l.stuckGrace:
+		if l.waitingAll {
+			return fmt.Errorf("every connection slot has been held by authenticated workers for %v (TRUSTD_MAX_CONNECTIONS)", l.now().Sub(l.stuckSince).Round(time.Second))
+		}
+		return fmt.Errorf("accepting connections has failed for %v (out of file descriptors?)", l.now().Sub(l.stuckSince).Round(time.Second))
 	}
 	return nil
 }

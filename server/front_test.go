@@ -319,15 +319,21 @@ func TestPanicBecomesInternal(t *testing.T) {
 
 func TestFullOfAuthenticatedWorkers(t *testing.T) {
 	fs := startFront(t, ConnLimits{MaxConnections: 2, MaxUnauthenticated: 2})
+	fs.front.lis.mu.Lock()
+	fs.front.lis.stuckGrace = 200 * time.Millisecond
+	fs.front.lis.mu.Unlock()
 	a, b := fs.client(t, "127.0.0.1"), fs.client(t, "127.0.0.2")
 	for _, c := range []*grpc.ClientConn{a, b} {
 		if err := fs.certificate(t, c, testToken); err != nil {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "not ready while every slot is authenticated", func() bool { return fs.front.Check() != nil })
+	if err := fs.front.Check(); err != nil {
+		t.Fatalf("not ready with every slot taken but nobody waiting: %v", err)
+	}
 	// A third connection waits in the accept queue, and gets in once a
-	// worker's connection ends.
+	// worker's connection ends; waiting longer than the grace is
+	// not-ready.
 	third := fs.client(t, "127.0.0.3")
 	done := make(chan error, 1)
 	go func() { done <- fs.certificate(t, third, testToken) }()
@@ -336,6 +342,7 @@ func TestFullOfAuthenticatedWorkers(t *testing.T) {
 		t.Fatalf("third connection served over the bound: %v", err)
 	case <-time.After(300 * time.Millisecond):
 	}
+	eventually(t, "not ready while workers wait", func() bool { return fs.front.Check() != nil })
 	a.Close()
 	if err := <-done; err != nil {
 		t.Fatalf("after a slot freed: %v", err)
