@@ -86,11 +86,11 @@ const (
 // errListenerClosed is returned by Accept once the listener is closed.
 var errListenerClosed = errors.New("listener closed")
 
-// Listener admits connections under ConnLimits. One goroutine accepts
+// connListener admits connections under ConnLimits. One goroutine accepts
 // from the socket and applies the limits; gRPC servers take admitted
 // connections through views (see View), so that a server can be replaced
 // (to send GOAWAY on every open connection) without closing the socket.
-type Listener struct {
+type connListener struct {
 	inner   net.Listener
 	cfg     ConnLimits
 	metrics *Metrics
@@ -120,9 +120,9 @@ type Listener struct {
 
 type addrCount struct{ total, unauth int }
 
-// NewListener wraps inner. Run must be called for connections to flow.
-func NewListener(inner net.Listener, cfg ConnLimits, m *Metrics, st *stateLog) *Listener {
-	l := &Listener{
+// newConnListener wraps inner. Run must be called for connections to flow.
+func newConnListener(inner net.Listener, cfg ConnLimits, m *Metrics, st *stateLog) *connListener {
+	l := &connListener{
 		inner: inner, cfg: cfg.withDefaults(), metrics: m, state: st, now: time.Now,
 		stuckGrace: 10 * time.Second,
 		admitted:   make(chan net.Conn),
@@ -137,11 +137,11 @@ func NewListener(inner net.Listener, cfg ConnLimits, m *Metrics, st *stateLog) *
 }
 
 // Addr is the socket's address.
-func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
+func (l *connListener) Addr() net.Addr { return l.inner.Addr() }
 
 // Run accepts and admits connections until the listener is closed; it
 // returns the socket's error, or nil after Close.
-func (l *Listener) Run() error {
+func (l *connListener) Run() error {
 	for {
 		c, err := l.inner.Accept()
 		if err != nil {
@@ -165,7 +165,7 @@ func (l *Listener) Run() error {
 // retryAccept waits a little after a temporary accept error (EMFILE:
 // out of file descriptors) and reports whether to try again, as
 // net/http and gRPC do; the socket itself is still fine.
-func (l *Listener) retryAccept(err error) bool {
+func (l *connListener) retryAccept(err error) bool {
 	var te interface{ Temporary() bool }
 	if !errors.As(err, &te) || !te.Temporary() {
 		return false
@@ -182,7 +182,7 @@ func (l *Listener) retryAccept(err error) bool {
 	}
 }
 
-func (l *Listener) acceptRecovered() {
+func (l *connListener) acceptRecovered() {
 	l.mu.Lock()
 	l.setStuckLocked(l.waitingAll)
 	l.mu.Unlock()
@@ -191,7 +191,7 @@ func (l *Listener) acceptRecovered() {
 
 // setStuckLocked starts or ends a period in which new connections cannot
 // be taken.
-func (l *Listener) setStuckLocked(stuck bool) {
+func (l *connListener) setStuckLocked(stuck bool) {
 	switch {
 	case !stuck:
 		l.stuckSince = time.Time{}
@@ -200,7 +200,7 @@ func (l *Listener) setStuckLocked(stuck bool) {
 	}
 }
 
-func (l *Listener) acceptFailed(err error) error {
+func (l *connListener) acceptFailed(err error) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -214,7 +214,7 @@ func (l *Listener) acceptFailed(err error) error {
 // connection: those are workers being served, and end within seconds.
 // Meanwhile further connections wait in the kernel's accept queue. It
 // reports false if the listener was closed.
-func (l *Listener) waitForRoomLocked() bool {
+func (l *connListener) waitForRoomLocked() bool {
 	for !l.closed && l.fullLocked() {
 		l.setWaitingAll(true)
 		l.room.Wait()
@@ -223,11 +223,11 @@ func (l *Listener) waitForRoomLocked() bool {
 	return !l.closed
 }
 
-func (l *Listener) fullLocked() bool {
+func (l *connListener) fullLocked() bool {
 	return len(l.conns) >= l.cfg.MaxConnections && l.unauth.Len() == 0
 }
 
-func (l *Listener) setWaitingAll(v bool) {
+func (l *connListener) setWaitingAll(v bool) {
 	if l.waitingAll != v {
 		l.waitingAll = v
 		l.setStuckLocked(v)
@@ -237,7 +237,7 @@ func (l *Listener) setWaitingAll(v bool) {
 
 // admit applies the per-address cap, then makes room among the
 // unauthenticated connections, and starts the connection's deadline.
-func (l *Listener) admit(c net.Conn) *trackedConn {
+func (l *connListener) admit(c net.Conn) *trackedConn {
 	ap := addrPortOf(c.RemoteAddr())
 	l.mu.Lock()
 	pa := l.perAddr[ap.Addr()]
@@ -269,7 +269,7 @@ func (l *Listener) admit(c net.Conn) *trackedConn {
 // victimLocked picks the oldest unauthenticated connection of the address
 // holding the most of them, and forgets it at once so that its slot is
 // free for the new connection.
-func (l *Listener) victimLocked() *trackedConn {
+func (l *connListener) victimLocked() *trackedConn {
 	var busiest netip.Addr
 	most := 0
 	for a, pa := range l.perAddr {
@@ -286,7 +286,7 @@ func (l *Listener) victimLocked() *trackedConn {
 	return nil
 }
 
-func (l *Listener) trackLocked(c net.Conn, ap netip.AddrPort) *trackedConn {
+func (l *connListener) trackLocked(c net.Conn, ap netip.AddrPort) *trackedConn {
 	tc := &trackedConn{Conn: c, l: l, key: ap, accepted: l.now()}
 	tc.elem = l.unauth.PushBack(tc)
 	l.conns[ap] = tc
@@ -303,7 +303,7 @@ func (l *Listener) trackLocked(c net.Conn, ap netip.AddrPort) *trackedConn {
 }
 
 // untrackLocked forgets tc; it reports false if it was already gone.
-func (l *Listener) untrackLocked(tc *trackedConn) bool {
+func (l *connListener) untrackLocked(tc *trackedConn) bool {
 	if l.conns[tc.key] != tc {
 		return false
 	}
@@ -322,7 +322,7 @@ func (l *Listener) untrackLocked(tc *trackedConn) bool {
 
 // unauthenticatedLocked returns the open, not yet authenticated
 // connection from ap, or nil.
-func (l *Listener) unauthenticatedLocked(ap netip.AddrPort) *trackedConn {
+func (l *connListener) unauthenticatedLocked(ap netip.AddrPort) *trackedConn {
 	tc := l.conns[unmapped(ap)]
 	if tc == nil || tc.authenticated {
 		return nil
@@ -332,7 +332,7 @@ func (l *Listener) unauthenticatedLocked(ap netip.AddrPort) *trackedConn {
 
 // established records that the connection from ap finished its TLS and
 // HTTP/2 set-up: its deadline becomes the authentication deadline.
-func (l *Listener) established(ap netip.AddrPort) {
+func (l *connListener) established(ap netip.AddrPort) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if tc := l.unauthenticatedLocked(ap); tc != nil {
@@ -344,7 +344,7 @@ func (l *Listener) established(ap netip.AddrPort) {
 }
 
 // streamStarted records a request stream on the connection from ap.
-func (l *Listener) streamStarted(ap netip.AddrPort) {
+func (l *connListener) streamStarted(ap netip.AddrPort) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if tc := l.conns[unmapped(ap)]; tc != nil {
@@ -354,7 +354,7 @@ func (l *Listener) streamStarted(ap netip.AddrPort) {
 
 // authenticated records that the connection from ap carried a request
 // with a valid token: it leaves the unauthenticated budget for good.
-func (l *Listener) authenticated(ap netip.AddrPort) {
+func (l *connListener) authenticated(ap netip.AddrPort) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if tc := l.unauthenticatedLocked(ap); tc != nil {
@@ -366,7 +366,7 @@ func (l *Listener) authenticated(ap netip.AddrPort) {
 }
 
 // leaveUnauthLocked takes tc out of the unauthenticated budget.
-func (l *Listener) leaveUnauthLocked(tc *trackedConn) {
+func (l *connListener) leaveUnauthLocked(tc *trackedConn) {
 	if tc.elem != nil {
 		l.unauth.Remove(tc.elem)
 		tc.elem = nil
@@ -377,7 +377,7 @@ func (l *Listener) leaveUnauthLocked(tc *trackedConn) {
 // closeUnauthenticated closes the connection from ap for reason, if it is
 // open and not authenticated (a worker's connection is never cut by these
 // limits).
-func (l *Listener) closeUnauthenticated(ap netip.AddrPort, reason string) {
+func (l *connListener) closeUnauthenticated(ap netip.AddrPort, reason string) {
 	l.mu.Lock()
 	tc := l.unauthenticatedLocked(ap)
 	l.mu.Unlock()
@@ -387,14 +387,14 @@ func (l *Listener) closeUnauthenticated(ap netip.AddrPort, reason string) {
 }
 
 // open is the number of open connections.
-func (l *Listener) open() int {
+func (l *connListener) open() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.conns)
 }
 
 // Check reports why the listener cannot take workers now, or nil.
-func (l *Listener) Check() error {
+func (l *connListener) Check() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
@@ -410,7 +410,7 @@ func (l *Listener) Check() error {
 }
 
 // Close stops accepting, closes the socket and wakes every view.
-func (l *Listener) Close() error {
+func (l *connListener) Close() error {
 	var err error
 	l.stopOnce.Do(func() {
 		l.mu.Lock()
@@ -425,12 +425,12 @@ func (l *Listener) Close() error {
 
 // View returns a net.Listener for one gRPC server: its Close ends only
 // that server's Accept, never the socket.
-func (l *Listener) View() net.Listener {
+func (l *connListener) View() net.Listener {
 	return &listenerView{l: l, done: make(chan struct{})}
 }
 
 type listenerView struct {
-	l    *Listener
+	l    *connListener
 	done chan struct{}
 	once sync.Once
 }
@@ -452,7 +452,7 @@ func (v *listenerView) Addr() net.Addr { return v.l.Addr() }
 // trackedConn is an admitted connection; closing it frees its slot.
 type trackedConn struct {
 	net.Conn
-	l             *Listener
+	l             *connListener
 	key           netip.AddrPort
 	accepted      time.Time
 	elem          *list.Element // in l.unauth while unauthenticated

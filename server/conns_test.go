@@ -22,7 +22,7 @@ func TestEvictionPicksTheBusiestAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	l := NewListener(ln, ConnLimits{MaxConnections: 10, MaxUnauthenticated: 3, HandshakeTimeout: time.Minute}, nil, nil)
+	l := newConnListener(ln, ConnLimits{MaxConnections: 10, MaxUnauthenticated: 3, HandshakeTimeout: time.Minute}, nil, nil)
 	conn := func(ip string, port int) *fakeConn {
 		return &fakeConn{from: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}}
 	}

@@ -38,7 +38,7 @@ type FrontDoorConfig struct {
 // a connection to this one.
 type FrontDoor struct {
 	cfg   FrontDoorConfig
-	lis   *Listener
+	lis   *connListener
 	guard *streamGuard
 	state *stateLog
 
@@ -57,7 +57,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	}
 	svc := cfg.Service
 	st := newStateLog(svc.log, 30*time.Second)
-	lis := NewListener(cfg.Listener, cfg.Limits, svc.metrics, st)
+	lis := newConnListener(cfg.Listener, cfg.Limits, svc.metrics, st)
 	return &FrontDoor{
 		cfg: cfg, lis: lis, state: st,
 		guard: &streamGuard{lis: lis, svc: svc, timeout: cfg.Limits.FirstMessageTimeout, metrics: svc.metrics, state: st},

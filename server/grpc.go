@@ -30,7 +30,7 @@ func TLSConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) *tl
 // NewGRPCServer returns a gRPC server that serves svc over TLS only, with
 // message size and connection bounds suited to CSRs from workers, and the
 // default ConnLimits. The daemon serves through a FrontDoor, which adds
-// the connection limits that need a Listener.
+// the connection limits that need the connection listener.
 func NewGRPCServer(svc *Service, tlsCfg *tls.Config, extra ...grpc.ServerOption) *grpc.Server {
 	opts := append(serverOptions(svc, tlsCfg, ConnLimits{}.withDefaults()), extra...)
 	g := grpc.NewServer(opts...)
@@ -59,7 +59,7 @@ func serverOptions(svc *Service, tlsCfg *tls.Config, lim ConnLimits) []grpc.Serv
 		grpc.WriteBufferSize(8 << 10),
 		grpc.InitialWindowSize(64 << 10),
 		grpc.InitialConnWindowSize(64 << 10),
-		// The Listener enforces (and counts) the handshake timeout; gRPC's
+		// The connection listener enforces (and counts) the handshake timeout; gRPC's
 		// own is the backstop for servers without one.
 		grpc.ConnectionTimeout(lim.HandshakeTimeout + time.Second),
 		grpc.MaxConcurrentStreams(16),

@@ -25,10 +25,10 @@ var errFirstMessage = errors.New("no request message within the first-message ti
 // a stream whose message does not arrive within FirstMessageTimeout (gRPC
 // reads the message before any handler or interceptor runs, so only the
 // transport's tap and stats hooks see a client that never sends it),
-// tells the Listener which connections have finished their handshake,
+// tells the connection listener which connections have finished their handshake,
 // and accounts for requests gRPC refuses before the handler (oversized).
 type streamGuard struct {
-	lis     *Listener
+	lis     *connListener
 	svc     *Service
 	timeout time.Duration
 	metrics *Metrics
@@ -41,7 +41,7 @@ type streamKey struct{}
 type streamState struct {
 	method  string
 	peer    netip.AddrPort
-	lis     *Listener
+	lis     *connListener
 	timer   *time.Timer
 	phase   atomic.Int32 // streamWaiting, streamReceived, streamTimedOut
 	handled atomic.Bool  // the handler ran
