@@ -12,7 +12,7 @@ PORT      ?= 50001
 # Tests that need swtpm or SoftHSMv2 fail instead of skipping when set.
 export STEWARD_REQUIRE_DEVICES = 1
 
-.PHONY: all deps build build-all build-gencreds build-ceremony run-local test test-unit test-talos test-coverage lint fuzz bench fleet-boot docker-build docker-buildx clean
+.PHONY: all deps build build-all build-gencreds build-ceremony run-local test test-unit test-talos test-attack bench-attack test-coverage lint fuzz bench fleet-boot docker-build docker-buildx clean
 
 all: build-all
 
@@ -35,14 +35,23 @@ build-all:
 run-local: deps build-all
 	@./hack/run-local.sh "$(BIN)" "$(LOCAL)" "$(PORT)"
 
-test: deps lint test-unit test-talos
+test: deps lint test-unit test-talos test-attack
 
 test-unit:
 	$(GO) test -race -count=1 ./...
 
 # Talos's own worker client against the daemon (separate module).
 test-talos:
-	cd test/talos && $(GO) test -race -count=1 ./...
+	cd test/talos && $(GO) test -race -count=1 $$($(GO) list ./... | grep -v /attack)
+
+# Talos's worker code against the daemon under hostile clients (loopback,
+# ~20 s); without -race, since it measures the daemon's memory and latency.
+test-attack:
+	cd test/talos && $(GO) test -count=1 ./attack
+
+# The README's front-door benchmark: 200 worker attempts per attack.
+bench-attack:
+	cd test/talos && $(GO) test -count=1 -run TestAttacks -v ./attack -args -attempts=200
 
 test-coverage: deps
 	$(GO) test -race -count=1 -coverprofile=coverage.out ./...

@@ -132,7 +132,7 @@ func (r *Reloader) Check() {
 	if d != r.creds {
 		r.apply("credentials", d, err, &r.creds, &r.badCreds, func() {
 			r.Service.SetCredentials(c)
-			r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", len(c.pool.Subjects()))
+			r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize())
 		})
 	}
 	if r.Holder == nil {

@@ -1,10 +1,8 @@
 package server
 
 import (
-	"bytes"
 	"crypto"
 	"crypto/x509"
-	"errors"
 	"fmt"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
@@ -16,21 +14,24 @@ import (
 // worker token, the issuing CA certificate and the CA bundle returned to
 // workers. Values are immutable once built; reload swaps the whole set.
 type Credentials struct {
-	token  []byte
+	tokens tokenSet
 	ca     *x509.Certificate
 	bundle []byte
 	pool   *x509.CertPool
+	// bundleSize is how many CAs bundle holds, for logs.
+	bundleSize int
 }
 
-// NewCredentials checks and assembles credentials. caPEM is the issuing OS
+// NewCredentials checks and assembles credentials. token holds one or more
+// worker tokens, one per line, all valid. caPEM is the issuing OS
 // CA certificate, which must hold the signer's public key; acceptedPEM
 // (optional) adds the CAs that may also authenticate talosctl, e.g. during
 // a rotation. The bundle returned to workers becomes apid's client-CA
 // pool, so every block in it must be a CA certificate allowing ClientAuth.
 func NewCredentials(token []byte, caPEM, acceptedPEM []byte, pub crypto.PublicKey) (*Credentials, error) {
-	token = bytes.TrimSpace(token)
-	if len(token) == 0 {
-		return nil, errors.New("token is empty")
+	tokens, err := parseTokens(token)
+	if err != nil {
+		return nil, err
 	}
 	ca, cas, err := certdir.ParseBundle(caPEM, acceptedPEM)
 	if err != nil {
@@ -44,8 +45,14 @@ func NewCredentials(token []byte, caPEM, acceptedPEM []byte, pub crypto.PublicKe
 		pool.AddCert(c)
 	}
 	bundle := pki.EncodeCertificates(cas...)
-	return &Credentials{token: token, ca: ca, bundle: bundle, pool: pool}, nil
+	return &Credentials{tokens: tokens, ca: ca, bundle: bundle, pool: pool, bundleSize: len(cas)}, nil
 }
+
+// Tokens is the number of valid worker tokens.
+func (c *Credentials) Tokens() int { return c.tokens.len() }
+
+// BundleSize is the number of CAs in Bundle.
+func (c *Credentials) BundleSize() int { return c.bundleSize }
 
 // CA returns the issuing CA certificate.
 func (c *Credentials) CA() *x509.Certificate { return c.ca }

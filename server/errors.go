@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,6 +18,21 @@ func (e *authError) Error() string { return e.reason }
 type limitError struct{ reason string }
 
 func (e *limitError) Error() string { return e.reason }
+
+// oversizeError is a request gRPC refused before the handler because its
+// message exceeded the size limit: ResourceExhausted (gRPC's own answer).
+type oversizeError struct {
+	limit int
+	also  string // what else was wrong (a wrong token), for the audit line
+}
+
+func (e *oversizeError) Error() string {
+	msg := fmt.Sprintf("request message larger than the %d-byte limit", e.limit)
+	if e.also != "" {
+		msg += "; also: " + e.also
+	}
+	return msg
+}
 
 // signError is a failure of the signing device or of issuance around it:
 // Unavailable, since workers retry and the device may come back.
@@ -42,6 +58,7 @@ func classify(err error) class {
 		authErr   *authError
 		limErr    *limitError
 		signerErr *signError
+		sizeErr   *oversizeError
 	)
 	switch {
 	case err == nil:
@@ -52,6 +69,8 @@ func classify(err error) class {
 		return class{codes.InvalidArgument, reqErr.msg, "denied_bad_csr"}
 	case errors.As(err, &polErr):
 		return class{codes.PermissionDenied, polErr.msg, "denied_policy"}
+	case errors.As(err, &sizeErr):
+		return class{codes.ResourceExhausted, "request too large", "denied_oversized"}
 	case errors.As(err, &limErr):
 		return class{codes.ResourceExhausted, limErr.reason, "denied_rate_limit"}
 	case errors.Is(err, context.DeadlineExceeded):

@@ -12,6 +12,10 @@ import (
 	"google.golang.org/grpc/keepalive"
 )
 
+// maxConnectionAge bounds a connection's life: a worker asks once per 12 h
+// and opens a fresh connection per attempt.
+const maxConnectionAge = 10 * time.Minute
+
 // TLSConfig returns the server TLS configuration: TLS 1.2 or 1.3, Go's
 // default curves and ciphers, no client certificate (workers authenticate
 // with their token), certificates from getCert.
@@ -24,13 +28,30 @@ func TLSConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) *tl
 }
 
 // NewGRPCServer returns a gRPC server that serves svc over TLS only, with
-// message size and connection bounds suited to CSRs from workers.
+// message size and connection bounds suited to CSRs from workers, and the
+// default ConnLimits. The daemon serves through a FrontDoor, which adds
+// the connection limits that need the connection listener.
 func NewGRPCServer(svc *Service, tlsCfg *tls.Config, extra ...grpc.ServerOption) *grpc.Server {
-	opts := []grpc.ServerOption{
+	opts := append(serverOptions(svc, tlsCfg, ConnLimits{}.withDefaults()), extra...)
+	g := grpc.NewServer(opts...)
+	securityapi.RegisterSecurityServiceServer(g, svc)
+	return g
+}
+
+// serverOptions are the options every server of svc gets: the
+// panic-recovery interceptor first in the chain, then the bounds.
+func serverOptions(svc *Service, tlsCfg *tls.Config, lim ConnLimits) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(recoverUnary(svc.log)),
+		grpc.ChainStreamInterceptor(recoverStream(svc.log)),
 		grpc.Creds(credentials.NewTLS(tlsCfg)),
 		// A CSR is a few hundred bytes; the limit plus protobuf framing.
 		grpc.MaxRecvMsgSize(svc.limits.MaxCSRBytes + 1024),
 		grpc.MaxSendMsgSize(1 << 20),
+		// Workers send a token and a handful of standard headers; without
+		// this bound grpc-go accepts 16 MiB of metadata per stream from
+		// anyone, token or not.
+		grpc.MaxHeaderListSize(uint32(lim.MaxHeaderBytes)),
 		// Requests and answers are a few KiB: small per-connection buffers
 		// keep a fleet power-up (thousands of connections at once) from
 		// costing ~100 KiB of memory per connection.
@@ -38,21 +59,19 @@ func NewGRPCServer(svc *Service, tlsCfg *tls.Config, extra ...grpc.ServerOption)
 		grpc.WriteBufferSize(8 << 10),
 		grpc.InitialWindowSize(64 << 10),
 		grpc.InitialConnWindowSize(64 << 10),
-		grpc.SharedWriteBuffer(true),
-		grpc.ConnectionTimeout(10 * time.Second),
+		// The connection listener enforces (and counts) the handshake timeout; gRPC's
+		// own is the backstop for servers without one.
+		grpc.ConnectionTimeout(lim.HandshakeTimeout + time.Second),
 		grpc.MaxConcurrentStreams(16),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionIdle: 2 * time.Minute,
-			MaxConnectionAge:  10 * time.Minute,
-			Time:              time.Minute,
-			Timeout:           20 * time.Second,
+			MaxConnectionIdle:     lim.IdleTimeout,
+			MaxConnectionAge:      maxConnectionAge,
+			MaxConnectionAgeGrace: lim.MaxAgeGrace,
+			Time:                  time.Minute,
+			Timeout:               20 * time.Second,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 20 * time.Second}),
 	}
-	opts = append(opts, extra...)
-	g := grpc.NewServer(opts...)
-	securityapi.RegisterSecurityServiceServer(g, svc)
-	return g
 }
 
 func randOrDefault(r io.Reader) io.Reader {

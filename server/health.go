@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/sha256"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -31,7 +32,13 @@ type Readiness struct {
 	health  *health.Server
 	metrics *Metrics
 
+	probes     sync.WaitGroup // probe signatures still running
+	checks     []func() error
+	onNotReady func()
+	log        *slog.Logger
+
 	mu          sync.Mutex
+	signerUp    bool // as last published
 	lastSuccess time.Time
 	lastFailure time.Time
 	lastProbe   time.Time
@@ -49,6 +56,27 @@ func NewReadiness(s signer.Signer, window time.Duration, now func() time.Time, m
 	r := &Readiness{signer: s, window: window, now: now, health: health.NewServer(), metrics: m}
 	r.publish(false)
 	return r
+}
+
+// AddCheck adds a condition besides the signer for readiness: check
+// returns why the daemon cannot take workers now, or nil. Call it before
+// Run.
+func (r *Readiness) AddCheck(check func() error) { r.checks = append(r.checks, check) }
+
+// OnSignerNotReady sets f to run each time the signer turns not ready
+// (the daemon then closes its open connections, so that workers' retries
+// reach a healthy replica), and log to receive one line per change.
+// Call it before Run.
+func (r *Readiness) OnSignerNotReady(f func(), log *slog.Logger) { r.onNotReady, r.log = f, log }
+
+// checkErr returns the first failing check, or nil.
+func (r *Readiness) checkErr() error {
+	for _, c := range r.checks {
+		if err := c(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Observe records the outcome of a signature made for a request.
@@ -85,7 +113,7 @@ func (r *Readiness) Ready(ctx context.Context) bool {
 	r.lastProbe = r.now()
 	r.mu.Unlock()
 
-	err := probeSign(ctx, r.signer)
+	err := probeSign(ctx, r.signer, &r.probes)
 	r.mu.Lock()
 	r.probing = false
 	r.mu.Unlock()
@@ -95,29 +123,64 @@ func (r *Readiness) Ready(ctx context.Context) bool {
 
 // Run re-evaluates readiness every interval until ctx ends, so that the
 // gRPC health status and the metric follow the signer without traffic.
+//
+// Before returning it waits (up to probeDrain) for a probe signature still
+// on the device, so that the signer is not closed under it.
 func (r *Readiness) Run(ctx context.Context, interval time.Duration) {
 	r.publish(r.Ready(ctx))
 	every(ctx, interval, func() { r.publish(r.Ready(ctx)) })
+	done := make(chan struct{})
+	go func() { r.probes.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(probeDrain):
+	}
 }
 
-func (r *Readiness) publish(ready bool) {
+// probeDrain bounds how long shutdown waits for a probe signature.
+const probeDrain = 5 * time.Second
+
+func (r *Readiness) publish(signerReady bool) {
+	r.signerChanged(signerReady)
 	st := healthpb.HealthCheckResponse_NOT_SERVING
-	if ready {
+	if signerReady && r.checkErr() == nil {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
 	r.health.SetServingStatus("", st)
 	r.health.SetServingStatus("securityapi.SecurityService", st)
-	r.metrics.setReady(ready)
+	r.metrics.setReady(signerReady)
+}
+
+// signerChanged logs a change of the signer's readiness and, when it
+// turns not ready, runs the OnSignerNotReady hook.
+func (r *Readiness) signerChanged(ready bool) {
+	r.mu.Lock()
+	was := r.signerUp
+	r.signerUp = ready
+	r.mu.Unlock()
+	if was == ready || r.log == nil {
+		return
+	}
+	if ready {
+		r.log.Info("signer ready: accepting workers")
+		return
+	}
+	r.log.Warn("signer not ready: closing open connections (GOAWAY) so that workers retry on a healthy replica; see the 'signer failing' line for the cause")
+	if r.onNotReady != nil {
+		r.onNotReady()
+	}
 }
 
 // RegisterHealth adds the gRPC health service to g.
 func (r *Readiness) RegisterHealth(g *grpc.Server) { healthpb.RegisterHealthServer(g, r.health) }
 
 // probeSign makes one throw-away signature.
-func probeSign(ctx context.Context, s signer.Signer) error {
+func probeSign(ctx context.Context, s signer.Signer, running *sync.WaitGroup) error {
 	msg := []byte("steward-trustd readiness probe")
 	done := make(chan error, 1)
+	running.Add(1)
 	go func() {
+		defer running.Done()
 		var err error
 		if _, ok := s.Public().(ed25519.PublicKey); ok {
 			_, err = s.Sign(nil, msg, crypto.Hash(0))
@@ -151,6 +214,10 @@ func HealthHandler(r *Readiness, gatherer prometheus.Gatherer) http.Handler {
 		defer cancel()
 		if !r.Ready(ctx) {
 			http.Error(w, "signer not ready", http.StatusServiceUnavailable)
+			return
+		}
+		if err := r.checkErr(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		w.Write([]byte("ok\n"))

@@ -6,6 +6,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/asn1"
 	"encoding/pem"
+	"errors"
 	"net"
 	"net/netip"
 	"net/url"
@@ -155,7 +156,8 @@ func TestParseRequestRejects(t *testing.T) {
 			if err == nil {
 				t.Fatal("accepted")
 			}
-			if _, ok := err.(*requestError); !ok {
+			var reqErr *requestError
+			if !errors.As(err, &reqErr) {
 				t.Fatalf("error %T %v is not a request error", err, err)
 			}
 			if !strings.Contains(err.Error(), c.want) {
@@ -196,7 +198,8 @@ func TestPolicy(t *testing.T) {
 				t.Fatalf("Check = %v, want ok=%v", err, c.ok)
 			}
 			if err != nil {
-				if _, isPol := err.(*policyError); !isPol {
+				var polErr *policyError
+				if !errors.As(err, &polErr) {
 					t.Fatalf("%T is not a policy error", err)
 				}
 			}

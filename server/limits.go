@@ -10,7 +10,8 @@ import (
 )
 
 // RateLimits bound load per caller and on the signer. Zero values take the
-// defaults documented on each field; a negative rate disables that limit.
+// defaults documented on each field; a negative rate disables that limit,
+// and a burst of zero or less takes the default.
 type RateLimits struct {
 	// PerPeerRate is the sustained requests per second from one address
 	// (default 1: a worker asks once per 12 h, and ~7 times a minute while
@@ -19,7 +20,8 @@ type RateLimits struct {
 	// PerPeerBurst is the burst from one address (default 20).
 	PerPeerBurst int
 	// BadTokenRate is how fast an address that sent a wrong token earns
-	// another try, per second (default 0.1: one every 10 s).
+	// another try, per second (default 0.1: one every 10 s; negative: no
+	// limit). Only wrong tokens are slowed down, never a valid one.
 	BadTokenRate float64
 	// BadTokenBurst is how many wrong tokens an address may send before it
 	// is slowed down (default 5).
@@ -43,13 +45,13 @@ func (r RateLimits) withDefaults() RateLimits {
 	if r.PerPeerRate == 0 {
 		r.PerPeerRate = 1
 	}
-	if r.PerPeerBurst == 0 {
+	if r.PerPeerBurst <= 0 {
 		r.PerPeerBurst = 20
 	}
 	if r.BadTokenRate == 0 {
 		r.BadTokenRate = 0.1
 	}
-	if r.BadTokenBurst == 0 {
+	if r.BadTokenBurst <= 0 {
 		r.BadTokenBurst = 5
 	}
 	if r.MaxSignerQueue == 0 {
@@ -106,12 +108,16 @@ func (l *limiter) peer(a netip.Addr) *peerLimits {
 	return p
 }
 
+// newRate returns a token bucket, or nil (no limit) for a negative rate.
 func newRate(r float64, burst int) *rate.Limiter {
 	if r < 0 {
-		return rate.NewLimiter(rate.Inf, 0)
+		return nil
 	}
 	return rate.NewLimiter(rate.Limit(r), burst)
 }
+
+// allow takes one token from b; a nil bucket (no limit) always allows.
+func allow(b *rate.Limiter, now time.Time) bool { return b == nil || b.AllowN(now, 1) }
 
 // evictLocked forgets idle addresses, the longest idle first, to make
 // room; a full table of busy peers drops the oldest half.
@@ -141,22 +147,22 @@ func maxf(a, b float64) float64 {
 	return b
 }
 
-// admit applies the per-address limits before any work is done.
+// admit charges a request with a valid token to its address's budget.
 func (l *limiter) admit(a netip.Addr) error {
-	p := l.peer(a.Unmap())
-	now := l.now()
-	if p.badToken.TokensAt(now) < 1 {
-		return &limitError{reason: "too many requests with a wrong token from this address; slow down"}
-	}
-	if !p.requests.AllowN(now, 1) {
+	if !allow(l.peer(a.Unmap()).requests, l.now()) {
 		return &limitError{reason: "too many requests from this address; retry later"}
 	}
 	return nil
 }
 
-// badToken charges an address for a wrong token.
-func (l *limiter) badToken(a netip.Addr) {
-	l.peer(a.Unmap()).badToken.AllowN(l.now(), 1)
+// wrongToken charges a wrong token to its address's wrong-token budget:
+// within it the client gets authErr, past it a slow-down. Only wrong
+// tokens are charged here, and nothing else is refused because of it.
+func (l *limiter) wrongToken(a netip.Addr, authErr error) error {
+	if !allow(l.peer(a.Unmap()).badToken, l.now()) {
+		return &limitError{reason: "too many requests with a wrong token from this address; fix the token (machine.token) and retry in a few seconds"}
+	}
+	return authErr
 }
 
 // acquireSigner admits a request to the signer or refuses it at once: a

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +20,13 @@ type Metrics struct {
 	reloads        *prometheus.CounterVec
 	signerInflight prometheus.Gauge
 	ready          prometheus.Gauge
+	connsOpen      *prometheus.GaugeVec
+	connsRefused   *prometheus.CounterVec
+	connsClosed    *prometheus.CounterVec
+	streamsReset   *prometheus.CounterVec
+	tokenUsed      *prometheus.CounterVec
+	connsLimit     *prometheus.GaugeVec
+	connsAbandoned *prometheus.CounterVec
 	backend        string
 }
 
@@ -30,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 			Name: "trustd_certificates_issued_total", Help: "Worker serving certificates issued.",
 		}),
 		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "trustd_requests_denied_total", Help: "Certificate requests refused, by reason (auth, policy, bad_csr, rate_limit, signer, other).",
+			Name: "trustd_requests_denied_total", Help: "Certificate requests refused, by reason (auth, policy, bad_csr, oversized, rate_limit, signer, other).",
 		}, []string{"reason"}),
 		signerLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "trustd_signer_duration_seconds",
@@ -59,17 +67,66 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 			Name: "trustd_signer_ready", Help: "1 when the signer signed successfully recently, else 0.",
 		}),
 	}
+	m.addFrontDoor()
 	ext := "false"
 	if extractable {
 		ext = "true"
 	}
 	m.signerInfo.WithLabelValues(backend, ext).Set(1)
-	for _, r := range []string{"auth", "policy", "bad_csr", "rate_limit", "signer", "other"} {
-		m.denied.WithLabelValues(r)
+	// Every label value an alert rule uses exists from the start at 0,
+	// so that increase() sees the first event.
+	initLabels(m.denied, "auth", "policy", "bad_csr", "oversized", "rate_limit", "signer", "other")
+	for _, what := range []string{"credentials", "serving"} {
+		initLabels(m.reloads.MustCurryWith(prometheus.Labels{"what": what}), "ok", "error")
+	}
+	for _, kind := range []string{"policy", "device", "auth", "options", "other"} {
+		m.signerErrors.WithLabelValues(backend, kind)
 	}
 	reg.MustRegister(m.issued, m.denied, m.signerLatency, m.signerErrors, m.caExpiry, m.servingExpiry,
-		m.signerInfo, m.reloads, m.signerInflight, m.ready)
+		m.signerInfo, m.reloads, m.signerInflight, m.ready, m.connsOpen, m.connsRefused, m.connsClosed,
+		m.streamsReset, m.tokenUsed, m.connsLimit, m.connsAbandoned)
 	return m
+}
+
+// addFrontDoor creates the collectors of the front door: connections,
+// streams and tokens.
+func (m *Metrics) addFrontDoor() {
+	m.connsOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "trustd_connections_open", Help: "Open connections on the SecurityService port, by state (unauthenticated: no request with a valid token yet).",
+	}, []string{"state"})
+	m.connsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_connections_refused_total", Help: "Connections closed at once when accepted, by the limit that refused them (per_address).",
+	}, []string{"limit"})
+	m.connsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_connections_closed_total", Help: "Open connections closed by a limit (unauthenticated_evicted, auth_timeout, handshake_timeout, first_message_timeout, signer_not_ready).",
+	}, []string{"limit"})
+	m.streamsReset = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_streams_reset_total", Help: "Request streams ended by the daemon before their message arrived, by reason (first_message_timeout).",
+	}, []string{"reason"})
+	m.connsLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "trustd_connections_limit", Help: "Configured connection bounds (max_connections, max_unauthenticated, per_address), for alerts on trustd_connections_open.",
+	}, []string{"limit"})
+	m.connsAbandoned = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_connections_abandoned_total",
+		Help: "Connections without a valid token that ended without any request, by stage (handshake, before_request): the client left, or gRPC closed it for a protocol violation such as a header list far over the bound.",
+	}, []string{"stage"})
+	m.tokenUsed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_token_used_total", Help: "Requests authenticated, by the index of the token that matched (0 = first line of the token file); never the token.",
+	}, []string{"index"})
+	// Every label value an alert rule uses exists from the start at 0,
+	// so that increase() sees the first event.
+	initLabels(m.connsRefused, closedPerAddress)
+	initLabels(m.connsClosed, closedEvicted, closedAuthTimeout, closedHandshake, closedFirstMessage, closedNotReady)
+	initLabels(m.streamsReset, closedFirstMessage)
+	initLabels(m.connsAbandoned, abandonedHandshake, abandonedBeforeRequest)
+	m.connsOpen.WithLabelValues("unauthenticated")
+	m.connsOpen.WithLabelValues("authenticated")
+}
+
+func initLabels(c *prometheus.CounterVec, values ...string) {
+	for _, v := range values {
+		c.WithLabelValues(v)
+	}
 }
 
 // observeOutcome counts one decision.
@@ -84,6 +141,8 @@ func (m *Metrics) observeOutcome(o string) {
 		m.denied.WithLabelValues("auth").Inc()
 	case "denied_bad_csr":
 		m.denied.WithLabelValues("bad_csr").Inc()
+	case "denied_oversized":
+		m.denied.WithLabelValues("oversized").Inc()
 	case "denied_policy":
 		m.denied.WithLabelValues("policy").Inc()
 	case "denied_rate_limit":
@@ -146,5 +205,83 @@ func (m *Metrics) setReady(ok bool) {
 func (m *Metrics) inflight(delta float64) {
 	if m != nil {
 		m.signerInflight.Add(delta)
+	}
+}
+
+// SetTokenCount creates the per-token counters at 0 for n tokens.
+func (m *Metrics) SetTokenCount(n int) {
+	if m == nil {
+		return
+	}
+	for i := range n {
+		m.tokenUsed.WithLabelValues(strconv.Itoa(i))
+	}
+}
+
+func (m *Metrics) tokenMatched(index int) {
+	if m != nil {
+		m.tokenUsed.WithLabelValues(strconv.Itoa(index)).Inc()
+	}
+}
+
+func (m *Metrics) setConnLimits(c ConnLimits) {
+	if m != nil {
+		m.connsLimit.WithLabelValues("max_connections").Set(float64(c.MaxConnections))
+		m.connsLimit.WithLabelValues("max_unauthenticated").Set(float64(c.MaxUnauthenticated))
+		m.connsLimit.WithLabelValues("per_address").Set(float64(c.MaxPerAddress))
+	}
+}
+
+func (m *Metrics) connOpened() {
+	if m != nil {
+		m.connsOpen.WithLabelValues("unauthenticated").Inc()
+	}
+}
+
+func (m *Metrics) connAuthenticated() {
+	if m != nil {
+		m.connsOpen.WithLabelValues("unauthenticated").Dec()
+		m.connsOpen.WithLabelValues("authenticated").Inc()
+	}
+}
+
+func (m *Metrics) connGone(authenticated bool) {
+	if m == nil {
+		return
+	}
+	if authenticated {
+		m.connsOpen.WithLabelValues("authenticated").Dec()
+	} else {
+		m.connsOpen.WithLabelValues("unauthenticated").Dec()
+	}
+}
+
+func (m *Metrics) connRefused(limit string) {
+	if m != nil {
+		m.connsRefused.WithLabelValues(limit).Inc()
+	}
+}
+
+func (m *Metrics) connClosed(limit string) {
+	if m != nil {
+		m.connsClosed.WithLabelValues(limit).Inc()
+	}
+}
+
+func (m *Metrics) connsClosedN(limit string, n int) {
+	if m != nil {
+		m.connsClosed.WithLabelValues(limit).Add(float64(n))
+	}
+}
+
+func (m *Metrics) connAbandoned(stage string) {
+	if m != nil {
+		m.connsAbandoned.WithLabelValues(stage).Inc()
+	}
+}
+
+func (m *Metrics) streamReset(reason string) {
+	if m != nil {
+		m.streamsReset.WithLabelValues(reason).Inc()
 	}
 }

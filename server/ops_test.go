@@ -82,31 +82,55 @@ func TestPerPeerRateLimit(t *testing.T) {
 }
 
 func TestBadTokenSlowdown(t *testing.T) {
-	clk := newFakeClock()
-	ca := newTestCA(t, signer.ECDSAP256)
-	svc, err := New(Config{Signer: ca.signer, Credentials: ca.credentials(t, testToken), Clock: clk.now,
-		RateLimits: RateLimits{BadTokenBurst: 3, BadTokenRate: 0.1, PerPeerBurst: 100}})
-	if err != nil {
-		t.Fatal(err)
+	csrOf := func(t *testing.T) *securityapi.CertificateRequest {
+		return &securityapi.CertificateRequest{Csr: makeCSR(t, csrSpec{key: newKey(t, "p256"), dns: []string{"w"}})}
 	}
-	csr := makeCSR(t, csrSpec{key: newKey(t, "p256"), dns: []string{"w"}})
-	req := &securityapi.CertificateRequest{Csr: csr}
-	for i := 0; i < 3; i++ {
-		if _, err := svc.Certificate(badCtxFrom("10.1.1.1"), req); status.Code(err) != codes.Unauthenticated {
-			t.Fatalf("bad token %d: %v", i, err)
-		}
+	cases := []struct {
+		name       string
+		limits     RateLimits
+		wrong      int          // wrong tokens sent first from 10.1.1.1
+		wantWrong  []codes.Code // answers to a further wrong token, then after 10 s
+		rightAfter bool         // the right token from the same address still works at once
+	}{
+		{"slowed down after the burst", RateLimits{BadTokenBurst: 3, BadTokenRate: 0.1, PerPeerBurst: 100}, 3,
+			[]codes.Code{codes.ResourceExhausted, codes.Unauthenticated}, true},
+		{"disabled with -1", RateLimits{BadTokenBurst: 3, BadTokenRate: -1, PerPeerBurst: 100}, 50,
+			[]codes.Code{codes.Unauthenticated, codes.Unauthenticated}, true},
+		// Wrong tokens never use the address's request budget.
+		{"request budget untouched", RateLimits{BadTokenBurst: 100, BadTokenRate: 0.1, PerPeerBurst: 2, PerPeerRate: 0.001}, 20,
+			[]codes.Code{codes.Unauthenticated, codes.Unauthenticated}, true},
 	}
-	// The address is now slowed down, even with the right token...
-	if _, err := svc.Certificate(ctxFrom("10.1.1.1"), req); status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("after repeated bad tokens: %v, want ResourceExhausted", err)
-	}
-	// ...while other addresses are not.
-	if _, err := svc.Certificate(ctxFrom("10.1.1.2"), req); err != nil {
-		t.Fatal(err)
-	}
-	clk.add(10 * time.Second)
-	if _, err := svc.Certificate(ctxFrom("10.1.1.1"), req); err != nil {
-		t.Fatalf("after the slow-down period: %v", err)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newFakeClock()
+			ca := newTestCA(t, signer.ECDSAP256)
+			svc, err := New(Config{Signer: ca.signer, Credentials: ca.credentials(t, testToken), Clock: clk.now, RateLimits: tc.limits})
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := csrOf(t)
+			for i := 0; i < tc.wrong; i++ {
+				if _, err := svc.Certificate(badCtxFrom("10.1.1.1"), req); status.Code(err) != codes.Unauthenticated {
+					t.Fatalf("wrong token %d: %v", i, err)
+				}
+			}
+			if _, err := svc.Certificate(ctxFrom("10.1.1.1"), req); (err == nil) != tc.rightAfter {
+				t.Fatalf("right token from the same address after wrong ones: %v", err)
+			}
+			if _, err := svc.Certificate(badCtxFrom("10.1.1.1"), req); status.Code(err) != tc.wantWrong[0] {
+				t.Fatalf("further wrong token: %v, want %v", err, tc.wantWrong[0])
+			}
+			if _, err := svc.Certificate(badCtxFrom("10.1.1.2"), req); status.Code(err) != codes.Unauthenticated {
+				t.Fatalf("another address is slowed down too: %v", err)
+			}
+			clk.add(10 * time.Second)
+			if _, err := svc.Certificate(badCtxFrom("10.1.1.1"), req); status.Code(err) != tc.wantWrong[1] {
+				t.Fatalf("wrong token after 10 s: %v, want %v", err, tc.wantWrong[1])
+			}
+			if _, err := svc.Certificate(ctxFrom("10.1.1.1"), req); err != nil {
+				t.Fatalf("right token at the end: %v", err)
+			}
+		})
 	}
 }
 

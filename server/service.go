@@ -7,12 +7,10 @@ package server
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -115,6 +113,7 @@ func New(cfg Config) (*Service, error) {
 	s.signerState.log = s.log
 	s.limiter = newLimiter(cfg.RateLimits, s.now)
 	s.metrics.SetCAExpiry(cfg.Credentials.CA().NotAfter, s.now())
+	s.metrics.SetTokenCount(cfg.Credentials.Tokens())
 	return s, nil
 }
 
@@ -123,6 +122,7 @@ func New(cfg Config) (*Service, error) {
 func (s *Service) SetCredentials(c *Credentials) {
 	s.creds.Store(c)
 	s.metrics.SetCAExpiry(c.CA().NotAfter, s.now())
+	s.metrics.SetTokenCount(c.Tokens())
 }
 
 // Credentials returns the current credentials.
@@ -130,6 +130,7 @@ func (s *Service) Credentials() *Credentials { return s.creds.Load() }
 
 // Certificate implements the SecurityService RPC.
 func (s *Service) Certificate(ctx context.Context, req *securityapi.CertificateRequest) (*securityapi.CertificateResponse, error) {
+	streamFrom(ctx).markHandled()
 	start := s.now()
 	creds := s.creds.Load()
 	peerAddr := peerAddress(ctx)
@@ -141,12 +142,32 @@ func (s *Service) Certificate(ctx context.Context, req *securityapi.CertificateR
 	return resp, toStatus(err)
 }
 
-func (s *Service) certificate(ctx context.Context, creds *Credentials, req *securityapi.CertificateRequest, peerAddr netip.AddrPort, rec *auditRecord) (*securityapi.CertificateResponse, error) {
-	if err := s.limiter.admit(peerAddr.Addr()); err != nil {
+// issue signs through the signer gate. The gate slot and the in-flight
+// gauge are released by defer: a panicking backend (answered Internal by
+// the recovery interceptor) must not leak a slot each time.
+func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*x509.Certificate, error) {
+	release, err := s.limiter.acquireSigner(ctx)
+	if err != nil {
 		return nil, err
 	}
-	if err := checkToken(ctx, creds.token); err != nil {
-		s.limiter.badToken(peerAddr.Addr())
+	defer release()
+	s.metrics.inflight(1)
+	defer s.metrics.inflight(-1)
+	t0 := s.now()
+	cert, err := Issue(r, creds.ca, s.signer, s.limits.Validity, s.now(), s.rand)
+	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
+	s.signerState.observe(err)
+	if s.readiness != nil {
+		s.readiness.Observe(err)
+	}
+	if err != nil {
+		return nil, &signError{err: err}
+	}
+	return cert, nil
+}
+
+func (s *Service) certificate(ctx context.Context, creds *Credentials, req *securityapi.CertificateRequest, peerAddr netip.AddrPort, rec *auditRecord) (*securityapi.CertificateResponse, error) {
+	if err := s.authenticate(ctx, creds, peerAddr.Addr()); err != nil {
 		return nil, err
 	}
 	r, err := ParseRequest(req.GetCsr(), s.limits)
@@ -157,22 +178,9 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	if err := s.policy.Check(r, peerAddr.Addr()); err != nil {
 		return nil, err
 	}
-	release, err := s.limiter.acquireSigner(ctx)
+	cert, err := s.issue(ctx, r, creds)
 	if err != nil {
 		return nil, err
-	}
-	s.metrics.inflight(1)
-	t0 := s.now()
-	cert, err := Issue(r, creds.ca, s.signer, s.limits.Validity, s.now(), s.rand)
-	s.metrics.inflight(-1)
-	release()
-	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
-	s.signerState.observe(err)
-	if s.readiness != nil {
-		s.readiness.Observe(err)
-	}
-	if err != nil {
-		return nil, &signError{err: err}
 	}
 	rec.serial = cert.SerialNumber.Text(16)
 	rec.notAfter = cert.NotAfter
@@ -182,26 +190,57 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	}, nil
 }
 
-// checkToken compares the metadata token with want in constant time; both
-// sides are hashed first so that not even the length leaks.
-func checkToken(ctx context.Context, want []byte) error {
+// authenticate checks the token before any limit: a request with a valid
+// token is never refused because of wrong tokens sent earlier from its
+// address (workers behind one NAT or proxy share it), and wrong tokens
+// are charged only to the wrong-token limit, never to the address's
+// request budget that valid requests use.
+func (s *Service) authenticate(ctx context.Context, creds *Credentials, a netip.Addr) error {
+	idx, err := checkToken(ctx, creds.tokens)
+	if err != nil {
+		return s.limiter.wrongToken(a, err)
+	}
+	s.metrics.tokenMatched(idx)
+	// The connection is a worker's from now on, even if a limit refuses
+	// this request: it leaves the unauthenticated budget.
+	streamFrom(ctx).authenticated()
+	return s.limiter.admit(a)
+}
+
+// checkToken finds the metadata token among the valid ones, in constant
+// time (see tokenSet.match), and returns its index.
+func checkToken(ctx context.Context, tokens tokenSet) (int, error) {
 	md, ok := metadata.FromIncomingContext(ctx)
 	if !ok {
-		return &authError{reason: "no metadata"}
+		return -1, &authError{reason: "no metadata"}
 	}
 	vals := md.Get("token")
 	if len(vals) == 0 {
-		return &authError{reason: "no token"}
+		return -1, &authError{reason: "no token"}
 	}
 	if len(vals) > 1 {
-		return &authError{reason: "several tokens"}
+		return -1, &authError{reason: "several tokens"}
 	}
-	got := sha256.Sum256([]byte(vals[0]))
-	exp := sha256.Sum256(want)
-	if subtle.ConstantTimeCompare(got[:], exp[:]) != 1 {
-		return &authError{reason: "wrong token"}
+	idx := tokens.match([]byte(vals[0]))
+	if idx < 0 {
+		return -1, &authError{reason: "wrong token"}
 	}
-	return nil
+	return idx, nil
+}
+
+// refusedOversized accounts for a request that gRPC refused before the
+// handler because its message exceeded the size limit: one audit line,
+// the metric, and the same charge against the address's limits as any
+// other request, so an oversized flood is neither invisible nor free.
+func (s *Service) refusedOversized(ctx context.Context) {
+	peerAddr := peerAddress(ctx)
+	authErr := s.authenticate(ctx, s.creds.Load(), peerAddr.Addr())
+	err := &oversizeError{limit: s.limits.MaxCSRBytes}
+	if authErr != nil {
+		err.also = authErr.Error()
+	}
+	s.writeAudit(ctx, auditRecord{peer: peerAddr}, err)
+	s.metrics.observeOutcome(outcome(err))
 }
 
 func peerAddress(ctx context.Context) netip.AddrPort {
@@ -209,14 +248,7 @@ func peerAddress(ctx context.Context) netip.AddrPort {
 	if !ok || p.Addr == nil {
 		return netip.AddrPort{}
 	}
-	if tcp, ok := p.Addr.(*net.TCPAddr); ok {
-		return tcp.AddrPort()
-	}
-	ap, err := netip.ParseAddrPort(p.Addr.String())
-	if err != nil {
-		return netip.AddrPort{}
-	}
-	return ap
+	return addrPortOf(p.Addr)
 }
 
 type auditRecord struct {

@@ -36,16 +36,21 @@ const testToken = "0123456789abcdef-secret-token"
 // failingSigner wraps a signer and fails with err while err is set.
 type failingSigner struct {
 	signer.Signer
-	mu  sync.Mutex
-	err error
+	mu    sync.Mutex
+	err   error
+	panic bool // panic in Sign, like a buggy backend
 }
 
 func (f *failingSigner) setErr(err error) { f.mu.Lock(); f.err = err; f.mu.Unlock() }
+func (f *failingSigner) setPanic(p bool)  { f.mu.Lock(); f.panic = p; f.mu.Unlock() }
 
 func (f *failingSigner) Sign(r io.Reader, d []byte, o crypto.SignerOpts) ([]byte, error) {
 	f.mu.Lock()
-	err := f.err
+	err, p := f.err, f.panic
 	f.mu.Unlock()
+	if p {
+		panic("bug in a backend")
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -250,7 +255,7 @@ func TestAcceptedCAsBundle(t *testing.T) {
 	if got := bytes.Count(creds.Bundle(), []byte("BEGIN CERTIFICATE")); got != 2 {
 		t.Fatalf("bundle has %d certificates, want 2 (duplicate dropped)", got)
 	}
-	if string(creds.token) != testToken {
+	if creds.Tokens() != 1 || creds.tokens.match([]byte(testToken)) != 0 {
 		t.Fatal("token not trimmed")
 	}
 	leafKey := newKey(t, "p256")

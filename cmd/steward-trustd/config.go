@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/base64"
 	"fmt"
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"net/netip"
 	"path/filepath"
 	"strconv"
@@ -32,7 +33,7 @@ func settings() []setting {
 		{"port", "TRUSTD_PORT", "TCP port of the SecurityService (Talos workers always dial 50001)", false},
 		{"listen-address", "TRUSTD_LISTEN_ADDRESS", "IP address to listen on (default: all addresses)", false},
 		{"tenant", "TRUSTD_TENANT", "tenant (cluster) name recorded in logs and audit lines", false},
-		{"token", "TRUSTD_TOKEN", "worker token (machine.token); prefer the token file in the cert dir", true},
+		{"token", "TRUSTD_TOKEN", "worker tokens (machine.token), comma-separated, all valid; prefer the token file in the cert dir (one per line)", true},
 		{"os-ca-crt", "TRUSTD_OS_CA_CRT", "base64 PEM of the OS CA certificate (default: <cert-dir>/os-ca.crt)", false},
 		{"os-ca-key", "TRUSTD_OS_CA_KEY", "base64 PEM of the OS CA key, held in memory (file signer only; prefer --signer)", true},
 		{"server-crt", "TRUSTD_SERVER_CRT", "base64 PEM of the serving certificate (default: <cert-dir>/server.crt, else self-issued)", false},
@@ -41,14 +42,22 @@ func settings() []setting {
 		{"signer", "TRUSTD_SIGNER", "OS CA key URI: file:/path, tpm:..., pkcs11:... (default: file:<cert-dir>/os-ca.key)", false},
 		{"cert-sans", "TRUSTD_CERT_SANS", "comma-separated extra IPs/DNS names for the self-issued serving certificate", false},
 		{"allowed-san-cidrs", "TRUSTD_ALLOWED_SAN_CIDRS", "comma-separated CIDRs; every IP SAN requested must fall inside one (default: no restriction)", false},
-		{"require-peer-ip", "TRUSTD_REQUIRE_PEER_IP", "require the caller's address to be one of the requested IP SANs (true/false)", false},
-		{"debug", "TRUSTD_DEBUG", "debug logging (true/false)", false},
+		{"require-peer-ip", "TRUSTD_REQUIRE_PEER_IP", "require the caller's address to be one of the requested IP SANs (--require-peer-ip or =true/false)", false},
+		{"debug", "TRUSTD_DEBUG", "debug logging (--debug or =true/false)", false},
 		{"health-addr", "TRUSTD_HEALTH_ADDR", "plaintext address for /healthz, /readyz, /metrics and gRPC health, e.g. :50002 (default: off)", false},
 		{"peer-rate", "TRUSTD_PEER_RATE", "requests per second allowed from one address, -1 for no limit (default 1)", false},
 		{"peer-burst", "TRUSTD_PEER_BURST", "burst of requests allowed from one address (default 20)", false},
 		{"bad-token-burst", "TRUSTD_BAD_TOKEN_BURST", "wrong tokens one address may send before it is slowed down (default 5)", false},
-		{"bad-token-rate", "TRUSTD_BAD_TOKEN_RATE", "further attempts per second an address that sent wrong tokens earns back (default 0.1)", false},
-		{"max-connections", "TRUSTD_MAX_CONNECTIONS", "open connections accepted at once; more wait in the kernel's accept queue (default 256)", false},
+		{"bad-token-rate", "TRUSTD_BAD_TOKEN_RATE", "further wrong-token attempts per second such an address earns back, -1 for no limit (default 0.1)", false},
+		{"max-connections", "TRUSTD_MAX_CONNECTIONS", "open connections at once; when all have authenticated, more wait in the kernel's accept queue (default 256)", false},
+		{"max-unauthenticated-connections", "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS", "connections without a valid token yet; when full, the oldest of the busiest address is closed (default half of max-connections)", false},
+		{"max-connections-per-address", "TRUSTD_MAX_CONNECTIONS_PER_ADDRESS", "open connections from one source address; more are closed at once (default 64)", false},
+		{"handshake-timeout", "TRUSTD_HANDSHAKE_TIMEOUT", "time for a connection's TLS and HTTP/2 set-up (default 5s)", false},
+		{"auth-timeout", "TRUSTD_AUTH_TIMEOUT", "a connection without a request carrying a valid token this long after it was accepted is closed (default 10s)", false},
+		{"first-message-timeout", "TRUSTD_FIRST_MESSAGE_TIMEOUT", "a request stream whose message has not arrived this long after its headers is reset (default 2s)", false},
+		{"idle-timeout", "TRUSTD_IDLE_TIMEOUT", "a connection without requests this long is closed (default 30s)", false},
+		{"connection-age-grace", "TRUSTD_CONNECTION_AGE_GRACE", "time requests get to finish when a connection reaches its 10-minute age (default 10s)", false},
+		{"max-header-bytes", "TRUSTD_MAX_HEADER_BYTES", "bound on a request's header list, in bytes (default 8192)", false},
 		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "hard bound on requests holding or waiting for the signer; more get ResourceExhausted at once (default 1024)", false},
 		{"signer-wait", "TRUSTD_SIGNER_WAIT", "admit only as many requests as the signer, at its measured rate, serves within this time (default 2s)", false},
 		{"reload-interval", "TRUSTD_RELOAD_INTERVAL", "how often the cert dir is checked for changes (default 5s)", false},
@@ -60,12 +69,18 @@ const defaultCertDir = "/etc/steward-trustd/certs"
 
 // registerFlags adds one string flag per setting. Defaults are empty on
 // purpose: a default taken from the environment would print secrets in
-// --help.
+// --help. Boolean settings also work bare (--debug means --debug=true).
 func registerFlags(fs *pflag.FlagSet) {
 	for _, s := range settings() {
 		fs.String(s.flag, "", fmt.Sprintf("%s [$%s]", s.usage, s.env))
+		if isBoolSetting(s.flag) {
+			fs.Lookup(s.flag).NoOptDefVal = "true"
+		}
 	}
 }
+
+// isBoolSetting tells the settings that are true or false.
+func isBoolSetting(flag string) bool { return flag == "debug" || flag == "require-peer-ip" }
 
 // lookup returns a setting's value: the flag if given, else the environment.
 type lookup func(name string) (string, bool)
@@ -102,7 +117,7 @@ type config struct {
 
 	healthAddr     string
 	rates          server.RateLimits
-	maxConns       int
+	conns          server.ConnLimits
 	reloadInterval time.Duration
 	readyWindow    time.Duration
 }
@@ -133,11 +148,20 @@ func bad(name, format string, args ...any) error {
 
 func loadConfig(get lookup) (*config, error) {
 	c := &config{certDir: defaultCertDir}
+	for _, load := range []func(*config, lookup) error{loadListen, loadInline, loadPolicy, loadRates, loadConns, loadIntervals} {
+		if err := load(c, get); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func loadListen(c *config, get lookup) error {
 	port := 50001
 	if v, ok := get("port"); ok && v != "" {
 		p, err := strconv.Atoi(v)
 		if err != nil || p < 1 || p > 65535 {
-			return nil, bad("port", "%q is not a TCP port", v)
+			return bad("port", "%q is not a TCP port", v)
 		}
 		port = p
 	}
@@ -145,91 +169,135 @@ func loadConfig(get lookup) (*config, error) {
 	if v, ok := get("listen-address"); ok && v != "" {
 		a, err := netip.ParseAddr(v)
 		if err != nil {
-			return nil, bad("listen-address", "%q is not an IP address", v)
+			return bad("listen-address", "%q is not an IP address", v)
 		}
 		host = a.String()
 	}
 	c.listen = netJoin(host, port)
 	c.tenant, _ = get("tenant")
+	c.healthAddr, _ = get("health-addr")
 	var err error
-	if c.debug, err = boolSetting(get, "debug"); err != nil {
-		return nil, err
-	}
-	if c.peerIP, err = boolSetting(get, "require-peer-ip"); err != nil {
-		return nil, err
-	}
+	c.debug, err = boolSetting(get, "debug")
+	return err
+}
+
+// loadInline reads the cert dir, the signer and the inline credentials.
+func loadInline(c *config, get lookup) error {
 	if v, ok := get("cert-dir"); ok && v != "" {
 		c.certDir = filepath.Clean(v)
 	}
-	if c.inlineCA, err = base64Setting(get, "os-ca-key"); err != nil {
-		return nil, err
-	}
-	if c.caPEM, err = base64Setting(get, "os-ca-crt"); err != nil {
-		return nil, err
-	}
-	if c.srvCrt, err = base64Setting(get, "server-crt"); err != nil {
-		return nil, err
-	}
-	if c.srvKey, err = base64Setting(get, "server-key"); err != nil {
-		return nil, err
+	var err error
+	for _, b := range []struct {
+		name string
+		dst  *[]byte
+	}{{"os-ca-key", &c.inlineCA}, {"os-ca-crt", &c.caPEM}, {"server-crt", &c.srvCrt}, {"server-key", &c.srvKey}} {
+		if *b.dst, err = base64Setting(get, b.name); err != nil {
+			return err
+		}
 	}
 	if (c.srvCrt == nil) != (c.srvKey == nil) {
-		return nil, bad("server-key", "the serving certificate and key must be given together (TRUSTD_SERVER_CRT and TRUSTD_SERVER_KEY)")
+		return bad("server-key", "the serving certificate and key must be given together (TRUSTD_SERVER_CRT and TRUSTD_SERVER_KEY)")
 	}
 	if v, ok := get("token"); ok && v != "" {
-		c.token = []byte(strings.TrimSpace(v))
+		// Comma-separated tokens become the token file's one per line.
+		c.token = []byte(strings.Join(cli.SplitList(v), "\n"))
 	}
 	c.signer, _ = get("signer")
 	switch {
 	case c.signer != "" && c.inlineCA != nil:
-		return nil, bad("os-ca-key", "an inline OS CA key contradicts TRUSTD_SIGNER=%s; use one or the other", schemeOf(c.signer))
+		return bad("os-ca-key", "an inline OS CA key contradicts TRUSTD_SIGNER=%s; use one or the other", schemeOf(c.signer))
 	case c.signer == "" && c.inlineCA == nil:
 		c.signer = file.URI(filepath.Join(c.certDir, certdir.FileCAKey))
 	}
+	return nil
+}
+
+func loadPolicy(c *config, get lookup) error {
+	var err error
+	if c.peerIP, err = boolSetting(get, "require-peer-ip"); err != nil {
+		return err
+	}
 	if v, ok := get("cert-sans"); ok {
-		c.certSANs = splitList(v)
+		c.certSANs = cli.SplitList(v)
 	}
 	if v, ok := get("allowed-san-cidrs"); ok {
-		for _, s := range splitList(v) {
+		for _, s := range cli.SplitList(v) {
 			p, err := netip.ParsePrefix(s)
 			if err != nil {
-				return nil, bad("allowed-san-cidrs", "%q is not a CIDR", s)
+				return bad("allowed-san-cidrs", "%q is not a CIDR", s)
 			}
 			c.allowed = append(c.allowed, p.Masked())
 		}
 	}
-	c.healthAddr, _ = get("health-addr")
-	if c.rates.PerPeerRate, err = floatSetting(get, "peer-rate"); err != nil {
-		return nil, err
+	return nil
+}
+
+func loadRates(c *config, get lookup) error {
+	return firstErr(
+		floatInto(get, "peer-rate", &c.rates.PerPeerRate),
+		intInto(get, "peer-burst", &c.rates.PerPeerBurst),
+		intInto(get, "bad-token-burst", &c.rates.BadTokenBurst),
+		floatInto(get, "bad-token-rate", &c.rates.BadTokenRate),
+		intInto(get, "signer-queue", &c.rates.MaxSignerQueue),
+		durationInto(get, "signer-wait", 2*time.Second, &c.rates.MaxSignerWait),
+	)
+}
+
+// loadConns reads the connection limits; unset ones stay zero and take
+// server.ConnLimits' defaults.
+func loadConns(c *config, get lookup) error {
+	l := &c.conns
+	err := firstErr(
+		intInto(get, "max-connections", &l.MaxConnections),
+		intInto(get, "max-unauthenticated-connections", &l.MaxUnauthenticated),
+		intInto(get, "max-connections-per-address", &l.MaxPerAddress),
+		durationInto(get, "handshake-timeout", 0, &l.HandshakeTimeout),
+		durationInto(get, "auth-timeout", 0, &l.AuthTimeout),
+		durationInto(get, "first-message-timeout", 0, &l.FirstMessageTimeout),
+		durationInto(get, "idle-timeout", 0, &l.IdleTimeout),
+		durationInto(get, "connection-age-grace", 0, &l.MaxAgeGrace),
+		intInto(get, "max-header-bytes", &l.MaxHeaderBytes),
+	)
+	if err == nil && l.MaxHeaderBytes != 0 && (l.MaxHeaderBytes < 1024 || l.MaxHeaderBytes > 1<<20) {
+		err = bad("max-header-bytes", "%d is outside 1024..1048576", l.MaxHeaderBytes)
 	}
-	if c.rates.PerPeerBurst, err = intSetting(get, "peer-burst"); err != nil {
-		return nil, err
+	if err == nil && l.MaxUnauthenticated > 0 && l.MaxConnections > 0 && l.MaxUnauthenticated > l.MaxConnections {
+		err = bad("max-unauthenticated-connections", "%d exceeds TRUSTD_MAX_CONNECTIONS (%d)", l.MaxUnauthenticated, l.MaxConnections)
 	}
-	if c.rates.BadTokenBurst, err = intSetting(get, "bad-token-burst"); err != nil {
-		return nil, err
+	return err
+}
+
+func loadIntervals(c *config, get lookup) error {
+	return firstErr(
+		durationInto(get, "reload-interval", 5*time.Second, &c.reloadInterval),
+		durationInto(get, "ready-window", 30*time.Second, &c.readyWindow),
+	)
+}
+
+// firstErr returns the first non-nil error: settings are checked in
+// order and the first bad one is reported.
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
 	}
-	if c.rates.BadTokenRate, err = floatSetting(get, "bad-token-rate"); err != nil {
-		return nil, err
-	}
-	if c.rates.MaxSignerQueue, err = intSetting(get, "signer-queue"); err != nil {
-		return nil, err
-	}
-	if c.rates.MaxSignerWait, err = durationSetting(get, "signer-wait", 2*time.Second); err != nil {
-		return nil, err
-	}
-	if c.maxConns, err = intSetting(get, "max-connections"); err != nil {
-		return nil, err
-	}
-	if c.maxConns == 0 {
-		c.maxConns = 256
-	}
-	if c.reloadInterval, err = durationSetting(get, "reload-interval", 5*time.Second); err != nil {
-		return nil, err
-	}
-	if c.readyWindow, err = durationSetting(get, "ready-window", 30*time.Second); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return nil
+}
+
+func intInto(get lookup, name string, dst *int) (err error) {
+	*dst, err = intSetting(get, name)
+	return err
+}
+
+func floatInto(get lookup, name string, dst *float64) (err error) {
+	*dst, err = floatSetting(get, name)
+	return err
+}
+
+func durationInto(get lookup, name string, def time.Duration, dst *time.Duration) (err error) {
+	*dst, err = durationSetting(get, name, def)
+	return err
 }
 
 func durationSetting(get lookup, name string, def time.Duration) (time.Duration, error) {
@@ -304,14 +372,4 @@ func base64Setting(get lookup, name string) ([]byte, error) {
 		return nil, bad(name, "value is not valid base64")
 	}
 	return b, nil
-}
-
-func splitList(v string) []string {
-	var out []string
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
 }

@@ -8,17 +8,13 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/steward-trustd/steward-trustd/server"
 )
 
 func TestLoadConfig(t *testing.T) {
 	b64 := base64.StdEncoding.EncodeToString([]byte("pem"))
-	cases := []struct {
-		name    string
-		env     map[string]string
-		flags   []string
-		wantErr string // names the setting at fault
-		check   func(t *testing.T, c *config)
-	}{
+	cases := []configCase{
 		{name: "defaults", check: func(t *testing.T, c *config) {
 			if c.listen != ":50001" || c.signer != "file:///etc/steward-trustd/certs/os-ca.key" {
 				t.Fatalf("listen %q signer %q", c.listen, c.signer)
@@ -39,8 +35,8 @@ func TestLoadConfig(t *testing.T) {
 		{name: "rates", env: map[string]string{"TRUSTD_PEER_RATE": "-1", "TRUSTD_PEER_BURST": "50", "TRUSTD_BAD_TOKEN_BURST": "3", "TRUSTD_BAD_TOKEN_RATE": "0.5", "TRUSTD_SIGNER_QUEUE": "100", "TRUSTD_SIGNER_WAIT": "500ms", "TRUSTD_MAX_CONNECTIONS": "64"},
 			check: func(t *testing.T, c *config) {
 				r := c.rates
-				if r.PerPeerRate != -1 || r.PerPeerBurst != 50 || r.BadTokenBurst != 3 || r.BadTokenRate != 0.5 || r.MaxSignerQueue != 100 || r.MaxSignerWait != 500*time.Millisecond || c.maxConns != 64 {
-					t.Fatalf("%+v maxConns=%d", r, c.maxConns)
+				if r.PerPeerRate != -1 || r.PerPeerBurst != 50 || r.BadTokenBurst != 3 || r.BadTokenRate != 0.5 || r.MaxSignerQueue != 100 || r.MaxSignerWait != 500*time.Millisecond || c.conns.MaxConnections != 64 {
+					t.Fatalf("%+v conns=%+v", r, c.conns)
 				}
 			}},
 		{name: "bad rate", env: map[string]string{"TRUSTD_BAD_TOKEN_RATE": "0"}, wantErr: "TRUSTD_BAD_TOKEN_RATE"},
@@ -59,6 +55,20 @@ func TestLoadConfig(t *testing.T) {
 			}
 		}},
 	}
+	runConfigCases(t, cases)
+}
+
+// configCase is one configuration and what loading it must give.
+type configCase struct {
+	name    string
+	env     map[string]string
+	flags   []string
+	wantErr string // names the setting at fault
+	check   func(t *testing.T, c *config)
+}
+
+func runConfigCases(t *testing.T, cases []configCase) {
+	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
@@ -84,4 +94,50 @@ func TestLoadConfig(t *testing.T) {
 			tc.check(t, c)
 		})
 	}
+}
+
+// TestLoadConfigFrontDoor covers the connection limits, the token set and
+// the bare booleans.
+func TestLoadConfigFrontDoor(t *testing.T) {
+	runConfigCases(t, []configCase{
+		{name: "bare booleans", flags: []string{"--debug", "--require-peer-ip"}, check: func(t *testing.T, c *config) {
+			if !c.debug || !c.peerIP {
+				t.Fatalf("debug %v peerIP %v", c.debug, c.peerIP)
+			}
+		}},
+		{name: "explicit false wins over env", env: map[string]string{"TRUSTD_DEBUG": "true"}, flags: []string{"--debug=false"}, check: func(t *testing.T, c *config) {
+			if c.debug {
+				t.Fatal("--debug=false ignored")
+			}
+		}},
+		{name: "several tokens", env: map[string]string{"TRUSTD_TOKEN": " old.token1 , new.token2,"}, check: func(t *testing.T, c *config) {
+			if string(c.token) != "old.token1\nnew.token2" {
+				t.Fatalf("tokens %q", c.token)
+			}
+		}},
+		{name: "connection limits", env: map[string]string{"TRUSTD_MAX_CONNECTIONS": "100", "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS": "40",
+			"TRUSTD_MAX_CONNECTIONS_PER_ADDRESS": "8", "TRUSTD_HANDSHAKE_TIMEOUT": "3s", "TRUSTD_AUTH_TIMEOUT": "7s", "TRUSTD_FIRST_MESSAGE_TIMEOUT": "1s",
+			"TRUSTD_IDLE_TIMEOUT": "20s", "TRUSTD_CONNECTION_AGE_GRACE": "5s", "TRUSTD_MAX_HEADER_BYTES": "4096"},
+			check: func(t *testing.T, c *config) {
+				want := server.ConnLimits{MaxConnections: 100, MaxUnauthenticated: 40, MaxPerAddress: 8, HandshakeTimeout: 3 * time.Second,
+					AuthTimeout: 7 * time.Second, FirstMessageTimeout: time.Second, IdleTimeout: 20 * time.Second, MaxAgeGrace: 5 * time.Second, MaxHeaderBytes: 4096}
+				if c.conns != want {
+					t.Fatalf("%+v", c.conns)
+				}
+			}},
+		{name: "unset connection limits take the defaults", check: func(t *testing.T, c *config) {
+			if c.conns != (server.ConnLimits{}) {
+				t.Fatalf("%+v", c.conns)
+			}
+		}},
+		{name: "bad header bound", env: map[string]string{"TRUSTD_MAX_HEADER_BYTES": "100"}, wantErr: "TRUSTD_MAX_HEADER_BYTES"},
+		{name: "zero per-address cap", env: map[string]string{"TRUSTD_MAX_CONNECTIONS_PER_ADDRESS": "0"}, wantErr: "TRUSTD_MAX_CONNECTIONS_PER_ADDRESS"},
+		{name: "unauthenticated over total", env: map[string]string{"TRUSTD_MAX_CONNECTIONS": "10", "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS": "20"}, wantErr: "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS"},
+		{name: "negative timeout", env: map[string]string{"TRUSTD_FIRST_MESSAGE_TIMEOUT": "-1s"}, wantErr: "TRUSTD_FIRST_MESSAGE_TIMEOUT"},
+		{name: "bad token rate disabled", env: map[string]string{"TRUSTD_BAD_TOKEN_RATE": "-1"}, check: func(t *testing.T, c *config) {
+			if c.rates.BadTokenRate != -1 {
+				t.Fatalf("%v", c.rates.BadTokenRate)
+			}
+		}},
+	})
 }

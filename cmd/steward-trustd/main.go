@@ -15,7 +15,6 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 )
@@ -46,7 +45,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		},
 	}
 	registerFlags(cmd.Flags())
-	bareBools(cmd.Flags(), "debug", "require-peer-ip")
 	cli.Setup(cmd, version)
 	return cli.Run(ctx, cmd, args, stdout, stderr)
 }
@@ -59,14 +57,4 @@ func asUsage(err error) error {
 		return cli.Usage(err)
 	}
 	return err
-}
-
-// bareBools lets the true/false settings be given as a bare flag
-// (--debug means --debug=true), like every boolean flag of the project.
-func bareBools(fs *pflag.FlagSet, names ...string) {
-	for _, n := range names {
-		if f := fs.Lookup(n); f != nil {
-			f.NoOptDefVal = "true"
-		}
-	}
 }

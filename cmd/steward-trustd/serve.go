@@ -16,7 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"golang.org/x/net/netutil"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/backends"
 	"github.com/steward-trustd/steward-trustd/server"
@@ -27,120 +27,170 @@ import (
 // shutdownGrace bounds how long in-flight requests may finish after SIGTERM.
 const shutdownGrace = 10 * time.Second
 
+// serve runs the daemon until ctx ends. The signer is closed only after
+// every goroutine that may use it has returned.
 func serve(ctx context.Context, cfg *config, logOut io.Writer) error {
-	level := slog.LevelInfo
-	if cfg.debug {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: level}))
-	if cfg.tenant != "" {
-		log = log.With("tenant", cfg.tenant)
-	}
-
+	log := newLogger(cfg, logOut)
 	sgn, err := openSigner(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err := sgn.Close(); err != nil {
-			log.Error("close signer", "error", err)
-		}
-	}()
-	d := sgn.Describe()
-	log.Info("signer opened", "backend", d.Backend, "algorithm", d.Algorithm, "fingerprint", d.Fingerprint,
-		"extractable", d.Extractable, "policy", d.Policy, "location", d.Location)
+	return serveWith(ctx, cfg, sgn, log)
+}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := server.NewMetrics(reg, d.Backend, d.Extractable)
-	readiness := server.NewReadiness(sgn, cfg.readyWindow, nil, metrics)
+// serveWith runs the daemon on an open signer and closes it once every
+// part has stopped: requests in flight at shutdown still sign.
+func serveWith(ctx context.Context, cfg *config, sgn signer.Signer, log *slog.Logger) error {
+	d, err := newDaemon(cfg, sgn, log)
+	if err == nil {
+		err = d.run(ctx)
+	}
+	if cerr := sgn.Close(); cerr != nil {
+		log.Error("close signer", "error", cerr)
+	}
+	return err
+}
 
+func newLogger(cfg *config, out io.Writer) *slog.Logger {
+	level := slog.LevelInfo
+	if cfg.debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewJSONHandler(out, &slog.HandlerOptions{Level: level}))
+	if cfg.tenant != "" {
+		log = log.With("tenant", cfg.tenant)
+	}
+	return log
+}
+
+// daemon is everything serve runs: the front door, the reloader, the
+// self-issuer, readiness and the health server.
+type daemon struct {
+	cfg        *config
+	log        *slog.Logger
+	registry   *prometheus.Registry
+	readiness  *server.Readiness
+	front      *server.FrontDoor
+	reloader   *server.Reloader
+	selfIssuer *server.SelfIssuer
+	health     *http.Server
+	healthLn   net.Listener
+}
+
+func newDaemon(cfg *config, sgn signer.Signer, log *slog.Logger) (*daemon, error) {
+	desc := sgn.Describe()
+	log.Info("signer opened", "backend", desc.Backend, "algorithm", desc.Algorithm, "fingerprint", desc.Fingerprint,
+		"extractable", desc.Extractable, "policy", desc.Policy, "location", desc.Location)
+	d := &daemon{cfg: cfg, log: log, registry: prometheus.NewRegistry()}
+	d.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := server.NewMetrics(d.registry, desc.Backend, desc.Extractable)
+	d.readiness = server.NewReadiness(sgn, cfg.readyWindow, nil, metrics)
+	svc, holder, err := d.newService(sgn, metrics)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.listen(svc, holder); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// newService loads the credentials and the serving certificate and builds
+// the SecurityService and the reloader.
+func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server.Service, *server.CertHolder, error) {
+	cfg := d.cfg
 	dir := server.CertDir{Dir: cfg.certDir, Token: cfg.token, CACert: cfg.caPEM, SignerPublic: sgn.Public()}
 	creds, credsDigest, err := dir.Credentials()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	svc, err := server.New(server.Config{
 		Signer:      sgn,
 		Credentials: creds,
 		Policy:      server.Policy{AllowedSANPrefixes: cfg.allowed, RequirePeerIP: cfg.peerIP},
-		Logger:      log,
-		Audit:       log.With("log", "audit"),
+		Logger:      d.log,
+		Audit:       d.log.With("log", "audit"),
 		Tenant:      cfg.tenant,
 		RateLimits:  cfg.rates,
 		Metrics:     metrics,
-		Readiness:   readiness,
+		Readiness:   d.readiness,
 	})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-
 	holder := &server.CertHolder{}
-	selfIssuer, servingDigest, err := setupServingCert(cfg, dir, holder, sgn, svc, metrics, log)
+	var servingDigest server.Digest
+	d.selfIssuer, servingDigest, err = setupServingCert(cfg, dir, holder, sgn, svc, metrics, d.log)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	reloader := &server.Reloader{Dir: dir, Service: svc, Metrics: metrics, Logger: log}
-	if selfIssuer == nil && cfg.srvCrt == nil {
-		reloader.Holder = holder
+	d.reloader = &server.Reloader{Dir: dir, Service: svc, Metrics: metrics, Logger: d.log}
+	if d.selfIssuer == nil && cfg.srvCrt == nil {
+		d.reloader.Holder = holder
 	}
-	reloader.Prime(credsDigest, servingDigest)
+	d.reloader.Prime(credsDigest, servingDigest)
+	return svc, holder, nil
+}
 
-	ln, err := net.Listen("tcp", cfg.listen)
+// listen opens the SecurityService socket behind the front door and the
+// health socket; readiness learns about the front door both ways.
+func (d *daemon) listen(svc *server.Service, holder *server.CertHolder) error {
+	ln, err := net.Listen("tcp", d.cfg.listen)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.listen, err)
+		return fmt.Errorf("listen on %s: %w", d.cfg.listen, err)
 	}
-	// Bound open connections (each costs buffers and a TLS handshake) so a
-	// fleet power-up cannot grow memory without limit; the rest wait in the
-	// kernel's accept queue and workers retry.
-	ln = netutil.LimitListener(ln, cfg.maxConns)
-	g := server.NewGRPCServer(svc, server.TLSConfig(holder.GetCertificate))
-	readiness.RegisterHealth(g)
-
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if selfIssuer != nil {
-		go selfIssuer.Run(runCtx, time.Minute)
+	d.front = server.NewFrontDoor(server.FrontDoorConfig{
+		Listener:      ln,
+		Service:       svc,
+		TLS:           server.TLSConfig(holder.GetCertificate),
+		Limits:        d.cfg.conns,
+		Register:      d.readiness.RegisterHealth,
+		ShutdownGrace: shutdownGrace,
+	})
+	d.readiness.AddCheck(d.front.Check)
+	d.readiness.OnSignerNotReady(d.front.Drain, d.log)
+	if d.cfg.healthAddr == "" {
+		return nil
 	}
-	go reloader.Run(runCtx, cfg.reloadInterval)
-	go readiness.Run(runCtx, cfg.readyWindow/3)
-
-	var health *http.Server
-	errc := make(chan error, 2)
-	if cfg.healthAddr != "" {
-		health = server.NewHealthServer(cfg.healthAddr, server.HealthHandler(readiness, reg))
-		hln, err := net.Listen("tcp", cfg.healthAddr)
-		if err != nil {
-			return fmt.Errorf("listen on health address %s: %w", cfg.healthAddr, err)
-		}
-		go func() {
-			if err := health.Serve(hln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("health server: %w", err)
-			}
-		}()
-		log.Info("health and metrics listening", "address", hln.Addr().String())
+	d.health = server.NewHealthServer(d.cfg.healthAddr, server.HealthHandler(d.readiness, d.registry))
+	if d.healthLn, err = net.Listen("tcp", d.cfg.healthAddr); err != nil {
+		ln.Close()
+		return fmt.Errorf("listen on health address %s: %w", d.cfg.healthAddr, err)
 	}
-	go func() { errc <- g.Serve(ln) }()
-	log.Info("steward-trustd listening", "address", ln.Addr().String(), "version", version)
+	return nil
+}
 
-	select {
-	case err := <-errc:
+// run serves until ctx ends or one part fails; every part stops before
+// run returns.
+func (d *daemon) run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return d.front.Run(gctx) })
+	g.Go(func() error { d.reloader.Run(gctx, d.cfg.reloadInterval); return nil })
+	g.Go(func() error { d.readiness.Run(gctx, d.cfg.readyWindow/3); return nil })
+	if d.selfIssuer != nil {
+		g.Go(func() error { d.selfIssuer.Run(gctx, time.Minute); return nil })
+	}
+	if d.health != nil {
+		g.Go(func() error { return serveHealth(gctx, d.health, d.healthLn) })
+		d.log.Info("health and metrics listening", "address", d.healthLn.Addr().String())
+	}
+	d.log.Info("steward-trustd listening", "address", d.front.Addr().String(), "version", version)
+	if err := g.Wait(); err != nil {
 		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
 	}
-	log.Info("shutting down: finishing requests in flight")
-	done := make(chan struct{})
-	go func() { g.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(shutdownGrace):
-		log.Warn("grace period over; closing remaining connections")
-		g.Stop()
-	}
-	if health != nil {
-		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
-		defer scancel()
-		_ = health.Shutdown(sctx)
+	return nil
+}
+
+// serveHealth serves the health address until ctx ends.
+func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	})
+	defer stop()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("health server: %w", err)
 	}
 	return nil
 }

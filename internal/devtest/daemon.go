@@ -97,6 +97,9 @@ func StartDaemon(tb testing.TB, bin string, env ...string) *Daemon {
 	return d
 }
 
+// PID is the daemon's process id (to read its memory use from /proc).
+func (d *Daemon) PID() int { return d.cmd.Process.Pid }
+
 // Logs returns everything the daemon printed so far.
 func (d *Daemon) Logs() string { return d.logs.String() }
 

@@ -232,6 +232,10 @@ func (s *Signer) do(ctx context.Context, policyOp bool, op func(t transport.TPM,
 		// survived it): reload on the next call.
 		s.dropLocked(err)
 		err = fmt.Errorf("%w: %w", signer.ErrDeviceUnavailable, err)
+	case errors.Is(err, tpm2.TPMRCPCRChanged) && !errors.Is(err, signer.ErrPolicyNotSatisfied):
+		// A PCR changed between TPM2_PolicyPCR and TPM2_Sign (TPM 2.0
+		// Part 3 §23.7): the boot state moved under the key's policy.
+		err = s.policyErr(err)
 	}
 	if errors.Is(err, signer.ErrPolicyNotSatisfied) {
 		s.setPolicyStateLocked(false, err)
