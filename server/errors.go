@@ -41,6 +41,7 @@ func classify(err error) class {
 		polErr    *policyError
 		authErr   *authError
 		limErr    *limitError
+		satErr    *saturatedError
 		signerErr *signError
 	)
 	switch {
@@ -54,6 +55,8 @@ func classify(err error) class {
 		return class{codes.PermissionDenied, polErr.msg, "denied_policy"}
 	case errors.As(err, &limErr):
 		return class{codes.ResourceExhausted, limErr.reason, "denied_rate_limit"}
+	case errors.As(err, &satErr):
+		return class{codes.ResourceExhausted, "certificate signer saturated: it cannot serve this request before its deadline; your place in line is kept, retry", "denied_saturated"}
 	case errors.Is(err, context.DeadlineExceeded):
 		return class{codes.DeadlineExceeded, "deadline exceeded", "error"}
 	case errors.Is(err, context.Canceled):

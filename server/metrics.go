@@ -20,6 +20,7 @@ type Metrics struct {
 	signerInflight prometheus.Gauge
 	ready          prometheus.Gauge
 	backend        string
+	gate           *gateMetrics
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -30,7 +31,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 			Name: "trustd_certificates_issued_total", Help: "Worker serving certificates issued.",
 		}),
 		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "trustd_requests_denied_total", Help: "Certificate requests refused, by reason (auth, policy, bad_csr, rate_limit, signer, other).",
+			Name: "trustd_requests_denied_total", Help: "Certificate requests refused, by reason (auth, policy, bad_csr, rate_limit, saturated, signer, other).",
 		}, []string{"reason"}),
 		signerLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "trustd_signer_duration_seconds",
@@ -64,11 +65,12 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 		ext = "true"
 	}
 	m.signerInfo.WithLabelValues(backend, ext).Set(1)
-	for _, r := range []string{"auth", "policy", "bad_csr", "rate_limit", "signer", "other"} {
+	for _, r := range []string{"auth", "policy", "bad_csr", "rate_limit", "saturated", "signer", "other"} {
 		m.denied.WithLabelValues(r)
 	}
 	reg.MustRegister(m.issued, m.denied, m.signerLatency, m.signerErrors, m.caExpiry, m.servingExpiry,
 		m.signerInfo, m.reloads, m.signerInflight, m.ready)
+	m.gate = newGateMetrics(reg)
 	return m
 }
 
@@ -88,6 +90,8 @@ func (m *Metrics) observeOutcome(o string) {
 		m.denied.WithLabelValues("policy").Inc()
 	case "denied_rate_limit":
 		m.denied.WithLabelValues("rate_limit").Inc()
+	case "denied_saturated":
+		m.denied.WithLabelValues("saturated").Inc()
 	case "signer_error":
 		m.denied.WithLabelValues("signer").Inc()
 	default:

@@ -114,6 +114,7 @@ func New(cfg Config) (*Service, error) {
 	s.creds.Store(cfg.Credentials)
 	s.signerState.log = s.log
 	s.limiter = newLimiter(cfg.RateLimits, s.now)
+	s.limiter.gate.observe(s.log, s.metrics)
 	s.metrics.SetCAExpiry(cfg.Credentials.CA().NotAfter, s.now())
 	return s, nil
 }
@@ -157,7 +158,7 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	if err := s.policy.Check(r, peerAddr.Addr()); err != nil {
 		return nil, err
 	}
-	release, err := s.limiter.acquireSigner(ctx)
+	release, err := s.limiter.acquireSigner(ctx, r.SHA256)
 	if err != nil {
 		return nil, err
 	}
@@ -166,6 +167,7 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	cert, err := Issue(r, creds.ca, s.signer, s.limits.Validity, s.now(), s.rand)
 	s.metrics.inflight(-1)
 	release()
+	s.metrics.observeLate(ctx)
 	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
 	s.signerState.observe(err)
 	if s.readiness != nil {

@@ -1,0 +1,408 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The signer gate stands between checked requests and the signing device.
+// A TPM chip signs 5–50 times a second, so a fleet power-up queues far
+// more requests than the device serves within a worker's 10 s attempt.
+// The gate therefore:
+//
+//   - measures the device's service interval (busy time per completed
+//     signature), which holds whether the device serializes or not;
+//   - admits a request only if the work ahead of it, at that interval,
+//     finishes before the request's deadline (gRPC carries the client's);
+//   - queues admitted requests in order of the first time their CSR was
+//     seen, so that a worker retrying after a refusal keeps its place
+//     (first come, first served across attempts, not a lottery among
+//     retries);
+//   - sheds a queued request as soon as the queue ahead of it no longer
+//     fits its deadline, and never hands the device a request whose
+//     deadline has passed or cannot be met: no signature for a worker
+//     that already gave up;
+//   - bounds holders plus waiters by a hard limit.
+
+// saturatedError refuses a request because the signer cannot serve it
+// before its deadline: ResourceExhausted, distinct from per-address limits
+// (limitError) and from a failing device (signError).
+type saturatedError struct{ reason string }
+
+func (e *saturatedError) Error() string { return "signer saturated: " + e.reason }
+
+// ewmaWeight is the weight of a new service-time sample: about the last
+// 20 signatures.
+const ewmaWeight = 0.05
+
+// Ticket bounds: a Talos worker retries the same CSR for about a minute.
+const (
+	ticketTTL         = 2 * time.Minute
+	ticketsPerWaiter  = 4
+	minSignerSlots    = 2
+	deliverySlackTime = 10 * time.Millisecond // answer's way back to the worker
+)
+
+// signerGate admits requests to the signer; see the comment above.
+type signerGate struct {
+	slots   int           // requests holding the signer at once
+	max     int           // hard bound on holders plus waiters
+	wait    time.Duration // deadline of requests that carry none
+	now     func() time.Time
+	log     *slog.Logger
+	metrics *gateMetrics
+
+	mu      sync.Mutex
+	busy    int
+	queue   []*waiter // by ticket, then arrival
+	seq     uint64
+	tickets ticketBook
+	est     serviceEstimate
+	state   saturation
+}
+
+type waiter struct {
+	key      string
+	ticket   time.Time
+	seq      uint64
+	deadline time.Time
+	done     chan error // buffered; nil grants the signer, an error refuses
+}
+
+// before orders the queue: first seen first, then arrival.
+func (w *waiter) before(o *waiter) bool {
+	if !w.ticket.Equal(o.ticket) {
+		return w.ticket.Before(o.ticket)
+	}
+	return w.seq < o.seq
+}
+
+func newSignerGate(maxQueue int, wait time.Duration, now func() time.Time) *signerGate {
+	slots := max(runtime.GOMAXPROCS(0), minSignerSlots)
+	return &signerGate{
+		slots: min(slots, maxQueue), max: maxQueue, wait: wait, now: now,
+		log:     slog.New(slog.DiscardHandler),
+		tickets: ticketBook{first: map[string]time.Time{}, max: ticketsPerWaiter * maxQueue, ttl: ticketTTL},
+	}
+}
+
+// observe sends the gate's state changes to log and its gauges to m.
+func (g *signerGate) observe(log *slog.Logger, m *Metrics) {
+	if log != nil {
+		g.log = log
+	}
+	if m != nil {
+		g.metrics = m.gate
+	}
+}
+
+// acquireSigner waits for the signer in the gate's queue; key identifies
+// the request across retries (the CSR's SHA-256). The caller must call
+// release once the device is done.
+func (l *limiter) acquireSigner(ctx context.Context, key string) (release func(), err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var deadline time.Time
+	if d, ok := ctx.Deadline(); ok {
+		// On the gate's clock, which tests may fake.
+		deadline = l.gate.now().Add(time.Until(d))
+	}
+	return l.gate.acquire(ctx, key, deadline)
+}
+
+// acquire queues a request with deadline (zero: now + wait) and blocks
+// until it holds the signer, is refused, or ctx ends.
+func (g *signerGate) acquire(ctx context.Context, key string, deadline time.Time) (func(), error) {
+	w, err := g.join(key, deadline)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case err := <-w.done:
+		if err != nil {
+			return nil, err
+		}
+		return g.releaser(), nil
+	case <-ctx.Done():
+		return nil, g.abandon(w, ctx.Err())
+	}
+}
+
+// join admits a request into the queue (granting it the signer at once
+// if a slot is free) or refuses it.
+func (g *signerGate) join(key string, deadline time.Time) (*waiter, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := g.now()
+	if deadline.IsZero() {
+		deadline = now.Add(g.wait)
+	}
+	w := &waiter{key: key, ticket: g.tickets.take(key, now), seq: g.seq, deadline: deadline, done: make(chan error, 1)}
+	g.seq++
+	err := g.enqueueLocked(now, w)
+	if err == nil {
+		g.dispatchLocked(now)
+	}
+	g.publishLocked()
+	return w, err
+}
+
+// abandon takes a waiter whose context ended out of the queue; if it was
+// granted the signer meanwhile, the slot goes to the next request unused.
+func (g *signerGate) abandon(w *waiter, cause error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if i := slices.Index(g.queue, w); i >= 0 {
+		g.queue = slices.Delete(g.queue, i, i+1)
+		g.publishLocked()
+		return cause
+	}
+	if err := <-w.done; err == nil {
+		g.releaseLocked(false)
+	}
+	return cause
+}
+
+func (g *signerGate) releaser() func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			g.releaseLocked(true)
+		})
+	}
+}
+
+// releaseLocked frees a slot; signed says whether the device worked for
+// it, which makes the time a service-time sample.
+func (g *signerGate) releaseLocked(signed bool) {
+	now := g.now()
+	g.est.advance(now, g.busy)
+	g.busy--
+	if signed {
+		g.est.complete()
+	}
+	g.dispatchLocked(now)
+	g.publishLocked()
+}
+
+// enqueueLocked admits w into the queue at its place, or refuses it.
+func (g *signerGate) enqueueLocked(now time.Time, w *waiter) error {
+	if g.busy+len(g.queue) >= g.max {
+		return g.refuseLocked(fmt.Sprintf("%d requests hold or wait for the signer, the bound (TRUSTD_SIGNER_QUEUE); retry later", g.max))
+	}
+	pos, _ := slices.BinarySearchFunc(g.queue, w, func(q, w *waiter) int {
+		if q.before(w) {
+			return -1
+		}
+		return 1
+	})
+	if !g.fitsLocked(now, g.busy+pos, w.deadline) {
+		return g.refuseLocked(fmt.Sprintf("%d requests ahead need about %s at %s each, past this request's deadline; retry later",
+			g.busy+pos, g.est.workFor(g.busy+pos).Round(time.Millisecond), g.est.interval.Round(time.Microsecond)))
+	}
+	g.queue = slices.Insert(g.queue, pos, w)
+	g.shedLocked(now, pos+1)
+	return nil
+}
+
+// fitsLocked reports whether a request with ahead requests before it
+// finishes before deadline at the measured service interval.
+func (g *signerGate) fitsLocked(now time.Time, ahead int, deadline time.Time) bool {
+	return !now.Add(g.est.workFor(ahead + 1)).Add(deliverySlackTime).After(deadline)
+}
+
+// shedLocked refuses the queued requests from index from on that, pushed
+// back by a request with an earlier ticket, no longer fit their deadline.
+func (g *signerGate) shedLocked(now time.Time, from int) {
+	kept := g.queue[:from]
+	for _, w := range g.queue[from:] {
+		if g.fitsLocked(now, g.busy+len(kept), w.deadline) {
+			kept = append(kept, w)
+			continue
+		}
+		w.done <- g.refuseLocked("requests that arrived earlier took its place before its deadline; retry later")
+	}
+	clear(g.queue[len(kept):])
+	g.queue = kept
+}
+
+// dispatchLocked hands free slots to the queue's head, skipping requests
+// that can no longer finish before their deadline.
+func (g *signerGate) dispatchLocked(now time.Time) {
+	for g.busy < g.slots && len(g.queue) > 0 {
+		w := g.queue[0]
+		g.queue[0] = nil
+		g.queue = g.queue[1:]
+		if !g.fitsLocked(now, 0, w.deadline) {
+			w.done <- g.refuseLocked("its deadline passed while it waited; retry later")
+			continue
+		}
+		g.est.advance(now, g.busy)
+		g.busy++
+		g.tickets.forget(w.key)
+		w.done <- nil
+	}
+	if len(g.queue) == 0 && g.busy < g.slots {
+		g.state.clear(g.log)
+	}
+}
+
+func (g *signerGate) refuseLocked(reason string) error {
+	g.state.refused(g.log, len(g.queue), g.est.interval)
+	return &saturatedError{reason: reason}
+}
+
+func (g *signerGate) publishLocked() {
+	g.metrics.set(len(g.queue), g.est.interval)
+}
+
+// stats is what tests and operators read: requests holding the signer,
+// waiting, and the measured service interval.
+func (g *signerGate) stats() (busy, queued int, interval time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.busy, len(g.queue), g.est.interval
+}
+
+// serviceEstimate measures the device's service interval: the time during
+// which at least one request held the signer, divided among the requests
+// that completed in it. A serial device (a TPM) with two holders still
+// completes one request per signing time, and a parallel one (an HSM,
+// a file key on several cores) completes several: the interval is right
+// for both, unlike a mean holding time.
+type serviceEstimate struct {
+	interval   time.Duration // EWMA of busy time per completed request
+	busyAccum  time.Duration // busy time since the last completion
+	lastChange time.Time
+}
+
+// advance accounts for the time since the last change of the number of
+// holders, busy, which is about to change.
+func (e *serviceEstimate) advance(now time.Time, busy int) {
+	if busy > 0 {
+		e.busyAccum += now.Sub(e.lastChange)
+	}
+	e.lastChange = now
+}
+
+func (e *serviceEstimate) complete() {
+	sample := e.busyAccum
+	e.busyAccum = 0
+	if e.interval == 0 {
+		e.interval = sample
+		return
+	}
+	e.interval += time.Duration(ewmaWeight * float64(sample-e.interval))
+}
+
+// workFor is the time n requests take at the measured interval; zero
+// until the first signature (the gate then admits up to its bound).
+func (e *serviceEstimate) workFor(n int) time.Duration {
+	return time.Duration(n) * e.interval
+}
+
+// ticketBook remembers when each request key was first seen, bounded in
+// entries and age, so that a retried request keeps its place in line.
+type ticketBook struct {
+	first     map[string]time.Time
+	max       int
+	ttl       time.Duration
+	lastSweep time.Time
+}
+
+func (b *ticketBook) take(key string, now time.Time) time.Time {
+	if key == "" {
+		return now
+	}
+	if t, ok := b.first[key]; ok && now.Sub(t) < b.ttl {
+		return t
+	}
+	if len(b.first) >= b.max && now.Sub(b.lastSweep) > b.ttl/8 {
+		b.lastSweep = now
+		for k, t := range b.first {
+			if now.Sub(t) >= b.ttl {
+				delete(b.first, k)
+			}
+		}
+	}
+	if len(b.first) < b.max {
+		b.first[key] = now
+	}
+	return now
+}
+
+func (b *ticketBook) forget(key string) { delete(b.first, key) }
+
+// saturation logs the gate's state once per change: saturated (requests
+// refused because the device cannot serve them in time) or keeping up.
+type saturation struct {
+	on      bool
+	refusal int // refusals in the current saturated episode
+}
+
+func (s *saturation) refused(log *slog.Logger, queued int, interval time.Duration) {
+	s.refusal++
+	if s.on {
+		return
+	}
+	s.on = true
+	log.Warn("signer saturated: refusing requests the device cannot serve before their deadline; workers retry, and their place in line is kept",
+		"queued", queued, "service_interval", interval, "next", "if this lasts, use a faster signer or spread worker boots")
+}
+
+func (s *saturation) clear(log *slog.Logger) {
+	if !s.on {
+		return
+	}
+	log.Info("signer keeping up again", "refused", s.refusal)
+	s.on, s.refusal = false, 0
+}
+
+// gateMetrics are the gate's collectors, registered by NewMetrics.
+type gateMetrics struct {
+	queued  prometheus.Gauge
+	service prometheus.Gauge
+	late    prometheus.Counter
+}
+
+func newGateMetrics(reg prometheus.Registerer) *gateMetrics {
+	m := &gateMetrics{
+		queued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "trustd_signer_queued", Help: "Requests waiting in line for the signer.",
+		}),
+		service: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "trustd_signer_service_interval_seconds", Help: "Measured device time per certificate; with the queue it decides admission.",
+		}),
+		late: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustd_signatures_late_total", Help: "Signatures completed after the request's deadline had passed: device work wasted on a worker that gave up.",
+		}),
+	}
+	reg.MustRegister(m.queued, m.service, m.late)
+	return m
+}
+
+func (m *gateMetrics) set(queued int, interval time.Duration) {
+	if m == nil {
+		return
+	}
+	m.queued.Set(float64(queued))
+	m.service.Set(interval.Seconds())
+}
+
+// observeLate counts a signature made for a request whose deadline had
+// passed by the time it completed.
+func (m *Metrics) observeLate(ctx context.Context) {
+	if m != nil && ctx.Err() != nil {
+		m.gate.late.Inc()
+	}
+}
