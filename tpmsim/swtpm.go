@@ -79,8 +79,8 @@ func StartSwtpm(tb testing.TB, opts SwtpmOptions) *Swtpm {
 	}
 	s := &Swtpm{
 		tb: tb, bin: bin, stateDir: state, sockDir: sockDir,
-		raw:     filepath.Join(sockDir, "tpm.sock"),
-		ctrl:    filepath.Join(sockDir, "ctrl.sock"),
+		raw:    filepath.Join(sockDir, "tpm.sock"),
+		ctrl:   filepath.Join(sockDir, "ctrl.sock"),
 		log:    filepath.Join(sockDir, "swtpm.log"),
 		served: make(chan struct{}),
 	}
