@@ -58,6 +58,7 @@ type options struct {
 	reqTimeout time.Duration
 	reuse      bool
 	sources    bool
+	metrics    string
 }
 
 func main() {
@@ -81,6 +82,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.reqTimeout, "timeout", 10*time.Second, "per-attempt timeout (Talos uses 10s)")
 	fs.BoolVar(&o.reuse, "reuse", false, "keep one connection per concurrent client (measures issuance, not TLS handshakes)")
 	fs.BoolVar(&o.sources, "spread-sources", false, "give each simulated worker its own 127.x.y.z source address, as a fleet has (per-address rate limits apply per worker)")
+	fs.StringVar(&o.metrics, "metrics", "", "the daemon's metrics URL (http://127.0.0.1:PORT/metrics): report its issued, refused and late-signature counters at the end")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -118,6 +120,9 @@ func (o *options) validate() error {
 	if o.keyType != "p256" && o.keyType != "ed25519" {
 		return fmt.Errorf("-key %q: want p256 or ed25519", o.keyType)
 	}
+	if o.metrics != "" {
+		return checkMetricsURL(o.metrics)
+	}
 	return nil
 }
 
@@ -128,6 +133,7 @@ type result struct {
 	codes     map[codes.Code]int
 	issued    int
 	elapsed   time.Duration
+	bootLog   *bootLog
 }
 
 func (r *result) addErr(c codes.Code) {
@@ -159,9 +165,9 @@ func runLoad(o options, stdout io.Writer) (*result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), o.duration)
 	defer cancel()
 
-	res := &result{codes: map[codes.Code]int{}}
-	var next atomic.Int64
 	start := time.Now()
+	res := &result{codes: map[codes.Code]int{}, bootLog: newBootLog(o.requests, start)}
+	var next atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < o.workers; w++ {
 		wg.Add(1)
@@ -190,7 +196,7 @@ func runLoad(o options, stdout io.Writer) (*result, error) {
 				if o.sources {
 					source = sourceFor(i)
 				}
-				boot(ctx, o, tlsCfg, source, strings.TrimSpace(string(token)), res, stdout, &kept)
+				boot(ctx, o, tlsCfg, source, strings.TrimSpace(string(token)), res, stdout, &kept, i)
 			}
 		}()
 	}
@@ -201,7 +207,7 @@ func runLoad(o options, stdout io.Writer) (*result, error) {
 
 // boot is one worker obtaining its certificate: a fresh key and CSR, and
 // per attempt a fresh connection, retried with Talos-like backoff if asked.
-func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr, token string, res *result, stdout io.Writer, kept **grpc.ClientConn) {
+func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr, token string, res *result, stdout io.Writer, kept **grpc.ClientConn, idx int64) {
 	arrived := time.Now()
 	ip := net.IPv4(127, 0, 0, 1)
 	if source.IsValid() {
@@ -223,6 +229,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 				return
 			}
 		}
+		res.bootLog.attempt(idx)
 		crt, err := attempt(ctx, o, conn, token, csr)
 		if o.reuse {
 			*kept = conn
@@ -230,6 +237,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 			conn.Close()
 		}
 		if err == nil {
+			res.bootLog.certified(idx)
 			lat := time.Since(t0)
 			res.mu.Lock()
 			res.issued++
@@ -380,6 +388,10 @@ func (r *result) report(w io.Writer, o options) {
 		keys = []string{"none"}
 	}
 	fmt.Fprintf(w, "errors by code: %s\n", strings.Join(keys, " "))
+	r.bootLog.report(w)
+	if o.metrics != "" {
+		reportDaemonCounters(w, o.metrics)
+	}
 	if o.rssPID > 0 {
 		if hwm, err := peakRSS(o.rssPID); err == nil {
 			fmt.Fprintf(w, "daemon peak RSS: %s\n", hwm)
