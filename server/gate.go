@@ -47,7 +47,7 @@ const (
 	ticketTTL         = 2 * time.Minute
 	ticketsPerWaiter  = 4
 	minSignerSlots    = 2
-	deliverySlackTime = 10 * time.Millisecond // answer's way back to the worker
+	deliverySlackTime = 50 * time.Millisecond // answer's way back to the worker, scheduling delays
 )
 
 // signerGate admits requests to the signer; see the comment above.
@@ -243,7 +243,8 @@ func (g *signerGate) dispatchLocked(now time.Time) {
 		w := g.queue[0]
 		g.queue[0] = nil
 		g.queue = g.queue[1:]
-		if !g.fitsLocked(now, 0, w.deadline) {
+		// Holders still ahead of it on a serial device (a TPM) count too.
+		if !g.fitsLocked(now, g.busy, w.deadline) {
 			w.done <- g.refuseLocked("its deadline passed while it waited; retry later")
 			continue
 		}

@@ -59,6 +59,7 @@ type options struct {
 	reuse      bool
 	sources    bool
 	metrics    string
+	backoff    string
 }
 
 func main() {
@@ -82,6 +83,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.reqTimeout, "timeout", 10*time.Second, "per-attempt timeout (Talos uses 10s)")
 	fs.BoolVar(&o.reuse, "reuse", false, "keep one connection per concurrent client (measures issuance, not TLS handshakes)")
 	fs.BoolVar(&o.sources, "spread-sources", false, "give each simulated worker its own 127.x.y.z source address, as a fleet has (per-address rate limits apply per worker)")
+	fs.StringVar(&o.backoff, "backoff", "fast", "with -retry, the wait between attempts: fast (250 ms doubling up to 4 s) or talos (Talos's RemoteGenerator: go-retry Exponential in 1 s units, 100 ms jitter: 0, 1, 3, 7, 15, 31 s)")
 	fs.StringVar(&o.metrics, "metrics", "", "the daemon's metrics URL (http://127.0.0.1:PORT/metrics): report its issued, refused and late-signature counters at the end")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -119,6 +121,9 @@ func (o *options) validate() error {
 	}
 	if o.keyType != "p256" && o.keyType != "ed25519" {
 		return fmt.Errorf("-key %q: want p256 or ed25519", o.keyType)
+	}
+	if o.backoff != "fast" && o.backoff != "talos" {
+		return fmt.Errorf("-backoff %q: want fast or talos", o.backoff)
 	}
 	if o.metrics != "" {
 		return checkMetricsURL(o.metrics)
@@ -253,8 +258,12 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 		if !o.retry || ctx.Err() != nil {
 			return
 		}
+		wait := backoff + time.Duration(randInt(int64(backoff)))
+		if o.backoff == "talos" {
+			wait = talosWait(res.bootLog.attempts[idx])
+		}
 		select {
-		case <-time.After(backoff + time.Duration(randInt(int64(backoff)))):
+		case <-time.After(wait):
 		case <-ctx.Done():
 			return
 		}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -134,4 +135,13 @@ func reportDaemonCounters(w io.Writer, metricsURL string) {
 		}
 	}
 	fmt.Fprintf(w, "daemon counters: %s\n", strings.Join(out, "; "))
+}
+
+// talosWait is the wait after a worker's n-th failed attempt as Talos's
+// RemoteGenerator waits: go-retry's ExponentialTicker with 1 s units and
+// 100 ms jitter, whose n-th tick is Duration((2^n-1)/2) seconds (the float
+// truncated to whole units: 0, 1, 3, 7, 15, 31 s) plus jitter.
+func talosWait(n int) time.Duration {
+	units := time.Duration(math.Pow(2, float64(n))-1) / 2
+	return units*time.Second + time.Duration(randInt(int64(100*time.Millisecond)))
 }

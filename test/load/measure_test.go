@@ -55,3 +55,11 @@ func TestMetricsURLLoopbackOnly(t *testing.T) {
 		}
 	}
 }
+
+func TestTalosWait(t *testing.T) {
+	for n, want := range map[int]time.Duration{1: 0, 2: time.Second, 3: 3 * time.Second, 4: 7 * time.Second, 6: 31 * time.Second} {
+		if got := talosWait(n); got < want || got >= want+100*time.Millisecond {
+			t.Errorf("talosWait(%d) = %v, want %v plus up to 100ms jitter", n, got, want)
+		}
+	}
+}
