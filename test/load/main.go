@@ -122,7 +122,7 @@ func (o *options) validate() error {
 	if o.keyType != "p256" && o.keyType != "ed25519" {
 		return fmt.Errorf("-key %q: want p256 or ed25519", o.keyType)
 	}
-	if o.backoff != "fast" && o.backoff != "talos" {
+	if o.backoff != "" && o.backoff != "fast" && o.backoff != "talos" {
 		return fmt.Errorf("-backoff %q: want fast or talos", o.backoff)
 	}
 	if o.metrics != "" {
