@@ -8,7 +8,8 @@
 #   tpm60    swtpm behind steward-tpm-relay --latency Sign=60ms: a discrete
 #            TPM chip's speed (TPM_WORKERS workers, default 1000: 60 s of
 #            signing, the storm of issue 15)
-# Loopback only; every run is bounded by DURATION.
+# Workers wait between attempts as Talos does (BACKOFF=talos; fast: the load
+# tool's 250 ms doubling). Loopback only; every run is bounded by DURATION.
 #   hack/fleet-boot.sh [bin-dir]      (make fleet-boot)
 #   BACKENDS=tpm60 TPM_WORKERS=1000 hack/fleet-boot.sh bin
 set -euo pipefail
@@ -87,7 +88,7 @@ for backend in $BACKENDS; do
   echo "== $backend: idle daemon $(grep VmRSS /proc/$daemon/status | tr -s ' \t' ' ')"
   echo "== $backend: $workers workers arriving within $RAMP"
   "$bin/load" -addr 127.0.0.1:$port -certs "$dir" -workers "$workers" -requests "$workers" -ramp "$RAMP" \
-    -retry -spread-sources -duration "$DURATION" -daemon-pid "$daemon" -metrics "http://127.0.0.1:$((port + 1000))/metrics"
+    -retry -backoff "${BACKOFF:-talos}" -spread-sources -duration "$DURATION" -daemon-pid "$daemon" -metrics "http://127.0.0.1:$((port + 1000))/metrics"
   kill -INT "$daemon"; wait "$daemon" 2>/dev/null || true
   port=$((port + 1))
 done

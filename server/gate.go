@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,17 +20,21 @@ import (
 //
 //   - measures the device's service interval (busy time per completed
 //     signature), which holds whether the device serializes or not;
-//   - admits a request only if the work ahead of it, at that interval,
-//     finishes before the request's deadline (gRPC carries the client's);
-//   - queues admitted requests in order of the first time their CSR was
-//     seen, so that a worker retrying after a refusal keeps its place
-//     (first come, first served across attempts, not a lottery among
-//     retries);
-//   - sheds a queued request as soon as the queue ahead of it no longer
-//     fits its deadline, and never hands the device a request whose
-//     deadline has passed or cannot be met: no signature for a worker
-//     that already gave up;
-//   - bounds holders plus waiters by a hard limit.
+//   - lines requests up in order of the first time their CSR was seen, so
+//     that a worker retrying after a refusal keeps its place (first come,
+//     first served across attempts, not a lottery among retries);
+//   - hands the device only a request that, with the holders ahead of it,
+//     finishes before its deadline (gRPC carries the client's): no
+//     signature for a worker that already gave up;
+//   - keeps a request whose turn will not come before its deadline
+//     waiting anyway, in case the line ahead shrinks, and answers it
+//     ResourceExhausted just before the deadline. Refusing it at once
+//     would send the worker into its retry backoff (Talos: 1, 3, 7, 15,
+//     31 s), so that it is away when its turn comes, and cost a TLS
+//     handshake per attempt;
+//   - refuses at once only a request that could not finish even at the
+//     head of the line, and bounds holders plus waiters: beyond the bound
+//     the youngest ticket is refused.
 
 // saturatedError refuses a request because the signer cannot serve it
 // before its deadline: ResourceExhausted, distinct from per-address limits
@@ -103,9 +108,16 @@ func (g *signerGate) observe(log *slog.Logger, m *Metrics) {
 	}
 }
 
-// acquireSigner waits for the signer in the gate's queue; key identifies
-// the request across retries (the CSR's SHA-256). The caller must call
-// release once the device is done.
+// lineKey identifies a worker across its attempts: its name and SANs.
+// Talos keeps the CSR for a minute of attempts, then starts over with a
+// new key, so the CSR's own digest would lose the worker's place.
+func lineKey(r *Request) string {
+	return r.Subject.CommonName + "\x00" + strings.Join(r.Requested, ",")
+}
+
+// acquireSigner waits for the signer in the gate's line; key identifies
+// the request across retries (lineKey). The caller must call release once
+// the device is done.
 func (l *limiter) acquireSigner(ctx context.Context, key string) (release func(), err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -125,14 +137,27 @@ func (g *signerGate) acquire(ctx context.Context, key string, deadline time.Time
 	if err != nil {
 		return nil, err
 	}
+	// Answer just before the deadline if the turn has not come by then.
+	expire := time.NewTimer(w.deadline.Sub(g.now()) - deliverySlackTime)
+	defer expire.Stop()
 	select {
 	case err := <-w.done:
 		if err != nil {
 			return nil, err
 		}
 		return g.releaser(), nil
+	case <-expire.C:
+		if _, err := g.abandon(w, &saturatedError{reason: "its turn did not come before its deadline; retry, its place in line is kept"}); err != nil {
+			return nil, err
+		}
+		return g.releaser(), nil // granted at the last moment
 	case <-ctx.Done():
-		return nil, g.abandon(w, ctx.Err())
+		if _, err := g.abandon(w, ctx.Err()); err == nil {
+			g.mu.Lock()
+			g.releaseLocked(false) // granted meanwhile: pass the slot on unused
+			g.mu.Unlock()
+		}
+		return nil, ctx.Err()
 	}
 }
 
@@ -155,20 +180,28 @@ func (g *signerGate) join(key string, deadline time.Time) (*waiter, error) {
 	return w, err
 }
 
-// abandon takes a waiter whose context ended out of the queue; if it was
-// granted the signer meanwhile, the slot goes to the next request unused.
-func (g *signerGate) abandon(w *waiter, cause error) error {
+// abandon takes a waiter out of the line with cause; if it was granted
+// the signer or refused meanwhile, that outcome stands instead.
+func (g *signerGate) abandon(w *waiter, cause error) (func(), error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if i := slices.Index(g.queue, w); i >= 0 {
 		g.queue = slices.Delete(g.queue, i, i+1)
+		if isSaturatedErr(cause) {
+			g.state.refused(g.log, len(g.queue), g.est.interval)
+		}
 		g.publishLocked()
-		return cause
+		return nil, cause
 	}
-	if err := <-w.done; err == nil {
-		g.releaseLocked(false)
+	if err := <-w.done; err != nil {
+		return nil, err
 	}
-	return cause
+	return func() {}, nil
+}
+
+func isSaturatedErr(err error) bool {
+	_, ok := err.(*saturatedError)
+	return ok
 }
 
 func (g *signerGate) releaser() func() {
@@ -195,10 +228,12 @@ func (g *signerGate) releaseLocked(signed bool) {
 	g.publishLocked()
 }
 
-// enqueueLocked admits w into the queue at its place, or refuses it.
+// enqueueLocked lines w up at its place, or refuses it when it could not
+// finish even at the head of the line, or when the line is full and w's
+// ticket is the youngest.
 func (g *signerGate) enqueueLocked(now time.Time, w *waiter) error {
-	if g.busy+len(g.queue) >= g.max {
-		return g.refuseLocked(fmt.Sprintf("%d requests hold or wait for the signer, the bound (TRUSTD_SIGNER_QUEUE); retry later", g.max))
+	if !g.fitsLocked(now, g.busy, w.deadline) {
+		return g.refuseLocked(fmt.Sprintf("its deadline is nearer than the %s the signer needs for it; retry with a longer deadline", g.est.workFor(g.busy+1).Round(time.Millisecond)))
 	}
 	pos, _ := slices.BinarySearchFunc(g.queue, w, func(q, w *waiter) int {
 		if q.before(w) {
@@ -206,12 +241,16 @@ func (g *signerGate) enqueueLocked(now time.Time, w *waiter) error {
 		}
 		return 1
 	})
-	if !g.fitsLocked(now, g.busy+pos, w.deadline) {
-		return g.refuseLocked(fmt.Sprintf("%d requests ahead need about %s at %s each, past this request's deadline; retry later",
-			g.busy+pos, g.est.workFor(g.busy+pos).Round(time.Millisecond), g.est.interval.Round(time.Microsecond)))
+	if g.busy+len(g.queue) >= g.max {
+		full := fmt.Sprintf("%d requests hold or wait for the signer, the bound (TRUSTD_SIGNER_QUEUE); retry later, its place in line is kept", g.max)
+		if pos == len(g.queue) {
+			return g.refuseLocked(full)
+		}
+		last := g.queue[len(g.queue)-1]
+		g.queue = g.queue[:len(g.queue)-1]
+		last.done <- g.refuseLocked(full)
 	}
 	g.queue = slices.Insert(g.queue, pos, w)
-	g.shedLocked(now, pos+1)
 	return nil
 }
 
@@ -219,21 +258,6 @@ func (g *signerGate) enqueueLocked(now time.Time, w *waiter) error {
 // finishes before deadline at the measured service interval.
 func (g *signerGate) fitsLocked(now time.Time, ahead int, deadline time.Time) bool {
 	return !now.Add(g.est.workFor(ahead + 1)).Add(deliverySlackTime).After(deadline)
-}
-
-// shedLocked refuses the queued requests from index from on that, pushed
-// back by a request with an earlier ticket, no longer fit their deadline.
-func (g *signerGate) shedLocked(now time.Time, from int) {
-	kept := g.queue[:from]
-	for _, w := range g.queue[from:] {
-		if g.fitsLocked(now, g.busy+len(kept), w.deadline) {
-			kept = append(kept, w)
-			continue
-		}
-		w.done <- g.refuseLocked("requests that arrived earlier took its place before its deadline; retry later")
-	}
-	clear(g.queue[len(kept):])
-	g.queue = kept
 }
 
 // dispatchLocked hands free slots to the queue's head, skipping requests

@@ -133,13 +133,12 @@ func TestSignerGateAdmission(t *testing.T) {
 		interval time.Duration
 		deadline time.Duration
 		maxQueue int
-		want     int // requests admitted (holding or queued)
+		want     int // requests lined up (holding or waiting)
 	}{
-		{"60 ms chip, 10 s attempts", 60 * time.Millisecond, 10 * time.Second, 1024, 165}, // (165 × 60 ms + 50 ms slack ≤ 10 s
-		{"swtpm 1.2 ms, capped by the bound", 1200 * time.Microsecond, 10 * time.Second, 1024, 1024},
-		{"200 ms device, 2 s", 200 * time.Millisecond, 2 * time.Second, 1024, 9},
+		{"60 ms chip, 10 s attempts: the line holds up to the bound", 60 * time.Millisecond, 10 * time.Second, 1024, 1024},
 		{"unmeasured device: up to the bound", 0, 10 * time.Second, 64, 64},
-		{"deadline shorter than one signature", 60 * time.Millisecond, 50 * time.Millisecond, 1024, 0},
+		{"deadline shorter than one signature", 60 * time.Millisecond, 100 * time.Millisecond, 1024, 0},
+		{"deadline shorter than two: only the first", 60 * time.Millisecond, 150 * time.Millisecond, 1024, 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -163,6 +162,36 @@ func TestSignerGateAdmission(t *testing.T) {
 	}
 }
 
+// TestSignerGateAnswersBeforeDeadline: a request whose turn does not come
+// before its deadline waits, then gets ResourceExhausted (not
+// DeadlineExceeded) before the deadline, without reaching the device.
+func TestSignerGateAnswersBeforeDeadline(t *testing.T) {
+	g := newSignerGate(1024, 2*time.Second, time.Now)
+	g.slots = 1
+	setInterval(g, 100*time.Millisecond)
+	holder, err := g.acquire(context.Background(), "holder", time.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder()
+	for i := 0; i < 3; i++ {
+		mustJoin(t, g, fmt.Sprint("ahead-", i), time.Now().Add(time.Minute))
+	}
+	deadline := time.Now().Add(300 * time.Millisecond)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	_, err = g.acquire(ctx, "late", deadline)
+	if !isSaturated(err) {
+		t.Fatalf("doomed request: %v, want saturated", err)
+	}
+	if time.Now().After(deadline) {
+		t.Fatal("answered after the deadline")
+	}
+	if busy, queued, _ := g.stats(); busy != 1 || queued != 3 {
+		t.Fatalf("busy=%d queued=%d, want 1 and 3", busy, queued)
+	}
+}
+
 func TestSignerGateSkipsExpired(t *testing.T) {
 	g, clk := testGate(1, 1024)
 	setInterval(g, 50*time.Millisecond)
@@ -182,23 +211,27 @@ func TestSignerGateSkipsExpired(t *testing.T) {
 	}
 }
 
-func TestSignerGateShedsPushedBack(t *testing.T) {
-	g, clk := testGate(1, 1024)
+// TestSignerGateFullLineRefusesYoungest: at the bound, a request with an
+// older ticket takes the place of the youngest in line.
+func TestSignerGateFullLineRefusesYoungest(t *testing.T) {
+	g, clk := testGate(1, 3)
 	setInterval(g, 100*time.Millisecond)
 	mustJoin(t, g, "holder", clk.now().Add(time.Minute))
-	if _, err := g.join("old", clk.now().Add(50*time.Millisecond)); !isSaturated(err) {
+	if _, err := g.join("old", clk.now().Add(150*time.Millisecond)); !isSaturated(err) {
 		t.Fatalf("old: %v, want saturated", err)
 	}
 	clk.add(10 * time.Millisecond)
-	// tight just fits behind the holder...
-	tight := mustJoin(t, g, "tight", clk.now().Add(250*time.Millisecond))
-	// ...until the retried old request, first seen earlier, goes ahead.
-	mustJoin(t, g, "old", clk.now().Add(time.Minute))
-	if ok, err := granted(tight); ok || !isSaturated(err) {
-		t.Fatalf("pushed-back request: granted=%v err=%v, want refused at once", ok, err)
+	first := mustJoin(t, g, "first", clk.now().Add(time.Minute))
+	young := mustJoin(t, g, "young", clk.now().Add(time.Minute))
+	if _, err := g.join("younger", clk.now().Add(time.Minute)); !isSaturated(err) {
+		t.Fatalf("over the bound: %v, want saturated", err)
 	}
-	if _, queued, _ := g.stats(); queued != 1 {
-		t.Fatalf("queued %d, want 1", queued)
+	mustJoin(t, g, "old", clk.now().Add(time.Minute))
+	if ok, err := granted(young); ok || !isSaturated(err) {
+		t.Fatalf("youngest in a full line: granted=%v err=%v, want refused at once", ok, err)
+	}
+	if ok, err := granted(first); ok || err != nil {
+		t.Fatalf("first: granted=%v err=%v, want still waiting", ok, err)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/netip"
 	"strings"
@@ -257,8 +258,9 @@ func prefixesContain(ps []netip.Prefix, a netip.Addr) bool {
 // KeyUsage DigitalSignature, EKU exactly [ServerAuth], not a CA, 128-bit
 // random serial. The signature algorithm follows the CA key (the template
 // leaves it unset), never the CSR: an Ed25519 CSR under an ECDSA CA must
-// work for Talos 1.9 workers.
-func Issue(r *Request, ca *x509.Certificate, key crypto.Signer, validity time.Duration, now time.Time, rnd io.Reader) (*x509.Certificate, error) {
+// work for Talos 1.9 workers. x509.CreateCertificate checks the new
+// signature against the CA's public key, which catches a faulty device.
+func Issue(r *Request, ca *x509.Certificate, key crypto.Signer, validity time.Duration, now time.Time, rnd io.Reader) (*Issued, error) {
 	serial, err := keystore.SerialNumber(rnd)
 	if err != nil {
 		return nil, err
@@ -286,9 +288,17 @@ func Issue(r *Request, ca *x509.Certificate, key crypto.Signer, validity time.Du
 	if err != nil {
 		return nil, fmt.Errorf("sign worker certificate: %w", err)
 	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, fmt.Errorf("parse issued certificate: %w", err)
-	}
-	return cert, nil
+	// As encoded: UTCTime and GeneralizedTime carry whole seconds (RFC 5280 §4.1.2.5).
+	return &Issued{Raw: der, SerialNumber: serial, NotAfter: notAfter.Truncate(time.Second).UTC()}, nil
+}
+
+// Issued is a certificate as Issue signed it: its DER and the fields the
+// audit line needs, taken from the signing step rather than parsed again.
+type Issued struct {
+	// Raw is the DER certificate.
+	Raw []byte
+	// SerialNumber is its serial.
+	SerialNumber *big.Int
+	// NotAfter is the end of its validity.
+	NotAfter time.Time
 }

@@ -158,7 +158,7 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	if err := s.policy.Check(r, peerAddr.Addr()); err != nil {
 		return nil, err
 	}
-	release, err := s.limiter.acquireSigner(ctx, r.SHA256)
+	release, err := s.limiter.acquireSigner(ctx, lineKey(r))
 	if err != nil {
 		return nil, err
 	}

@@ -224,6 +224,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 		return
 	}
 	backoff := 250 * time.Millisecond
+	talos := newTalosRetry()
 	for {
 		t0 := time.Now()
 		conn := *kept
@@ -260,7 +261,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 		}
 		wait := backoff + time.Duration(randInt(int64(backoff)))
 		if o.backoff == "talos" {
-			wait = talosWait(res.bootLog.attempts[idx])
+			wait = talos.next()
 		}
 		select {
 		case <-time.After(wait):

@@ -137,10 +137,29 @@ func reportDaemonCounters(w io.Writer, metricsURL string) {
 	fmt.Fprintf(w, "daemon counters: %s\n", strings.Join(out, "; "))
 }
 
-// talosWait is the wait after a worker's n-th failed attempt as Talos's
-// RemoteGenerator waits: go-retry's ExponentialTicker with 1 s units and
-// 100 ms jitter, whose n-th tick is Duration((2^n-1)/2) seconds (the float
-// truncated to whole units: 0, 1, 3, 7, 15, 31 s) plus jitter.
+// talosRetry waits between a worker's attempts as Talos's RemoteGenerator
+// does: go-retry's ExponentialTicker with 1 s units and 100 ms jitter,
+// whose n-th tick is Duration((2^n-1)/2) seconds (the float truncated to
+// whole units: 0, 1, 3, 7, 15, 31 s) plus jitter, within a one-minute
+// budget; after it the secrets controller starts over (a new generator),
+// which this models as a fresh schedule after 1 s.
+type talosRetry struct {
+	cycleStart time.Time
+	n          int
+}
+
+func newTalosRetry() *talosRetry { return &talosRetry{cycleStart: time.Now()} }
+
+// next is the wait after a failed attempt.
+func (t *talosRetry) next() time.Duration {
+	if time.Since(t.cycleStart) >= time.Minute {
+		t.cycleStart, t.n = time.Now().Add(time.Second), 0
+		return time.Second
+	}
+	t.n++
+	return talosWait(t.n)
+}
+
 func talosWait(n int) time.Duration {
 	units := time.Duration(math.Pow(2, float64(n))-1) / 2
 	return units*time.Second + time.Duration(randInt(int64(100*time.Millisecond)))
