@@ -52,7 +52,7 @@ const (
 	ticketTTL         = 2 * time.Minute
 	ticketsPerWaiter  = 4
 	minSignerSlots    = 2
-	deliverySlackTime = 50 * time.Millisecond // answer's way back to the worker, scheduling delays
+	deliverySlackTime = 100 * time.Millisecond // answer's way back to the worker, scheduling delays
 )
 
 // signerGate admits requests to the signer; see the comment above.
@@ -255,9 +255,12 @@ func (g *signerGate) enqueueLocked(now time.Time, w *waiter) error {
 }
 
 // fitsLocked reports whether a request with ahead requests before it
-// finishes before deadline at the measured service interval.
+// finishes before deadline at the measured service interval, with a
+// quarter more for a device that slows down (a busy host delays every
+// TPM command) and the answer's way back.
 func (g *signerGate) fitsLocked(now time.Time, ahead int, deadline time.Time) bool {
-	return !now.Add(g.est.workFor(ahead + 1)).Add(deliverySlackTime).After(deadline)
+	work := g.est.workFor(ahead + 1)
+	return !now.Add(work + work/4 + deliverySlackTime).After(deadline)
 }
 
 // dispatchLocked hands free slots to the queue's head, skipping requests

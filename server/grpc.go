@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"io"
+	"runtime"
 	"time"
 
 	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
@@ -41,6 +42,11 @@ func NewGRPCServer(svc *Service, tlsCfg *tls.Config, extra ...grpc.ServerOption)
 		grpc.SharedWriteBuffer(true),
 		grpc.ConnectionTimeout(10 * time.Second),
 		grpc.MaxConcurrentStreams(16),
+		// Reuse handler goroutines, whose stacks have grown to what the
+		// CSR check and signing need, instead of a fresh one per request
+		// (stack growth was ~4 % of the file path's CPU). Requests beyond
+		// the pool still get their own goroutine.
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionIdle: 2 * time.Minute,
 			MaxConnectionAge:  10 * time.Minute,
