@@ -48,6 +48,7 @@ type options struct {
 	listen   string
 	upstream string
 	latency  []string
+	debug    bool
 }
 
 func run(args []string, stderr io.Writer) int {
@@ -72,6 +73,7 @@ func run(args []string, stderr io.Writer) int {
 	f.StringVar(&o.listen, "listen", "", "where clients connect: a unix socket path, or 127.0.0.1:PORT (required)")
 	f.StringVar(&o.upstream, "upstream", "", "swtpm's data socket (swtpm socket --server type=unixio,path=...), or HOST:PORT for --server type=tcp (required)")
 	f.StringArrayVar(&o.latency, "latency", nil, "add device time to a TPM command, e.g. Sign=60ms (a discrete chip) or 0x15D=60ms; repeatable")
+	f.BoolVar(&o.debug, "log-commands", false, "log every TPM command with its response code and time (debug level)")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		fmt.Fprintln(stderr, "steward-tpm-relay:", err)
@@ -89,7 +91,11 @@ func serve(ctx context.Context, o options, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	level := slog.LevelInfo
+	if o.debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	r, err := relay.New(relay.Options{Upstream: dialer(o.upstream), Latency: latency, Log: log})
 	if err != nil {
 		return err

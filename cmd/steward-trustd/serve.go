@@ -80,6 +80,9 @@ func serve(ctx context.Context, cfg *config, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if selfIssuer != nil {
+		readiness.Observe(nil) // that was a real signature: no readiness probe needed on a slow TPM
+	}
 	reloader := &server.Reloader{Dir: dir, Service: svc, Metrics: metrics, Logger: log}
 	if selfIssuer == nil && cfg.srvCrt == nil {
 		reloader.Holder = holder

@@ -70,3 +70,13 @@ func commandCode(name string) (tpm2.TPMCC, error) {
 	sort.Strings(known)
 	return 0, fmt.Errorf("unknown TPM command %q: use one of %s, or a command code such as 0x15D", name, strings.Join(known, ", "))
 }
+
+// commandName is a command's Part 3 name if known, else its code.
+func commandName(cc tpm2.TPMCC) string {
+	for n, c := range commandNames {
+		if c == cc {
+			return n
+		}
+	}
+	return fmt.Sprintf("0x%x", uint32(cc))
+}

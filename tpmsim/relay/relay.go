@@ -38,7 +38,7 @@ type Options struct {
 	// TPM is held (so it serializes like device time).
 	Latency map[tpm2.TPMCC]time.Duration
 	// Log receives one line per client that could not be served or cleaned
-	// up. Nil discards.
+	// up, and at debug level one per command. Nil discards.
 	Log *slog.Logger
 	// KeepUpstream keeps the TPM connection open while no client is
 	// connected. By default it is closed, so that another program can
@@ -189,6 +189,9 @@ func (r *Relay) forward(c net.Conn, cmd []byte) ([]byte, error) {
 	cc := CommandCode(cmd)
 	if d := r.opts.Latency[cc]; d > 0 {
 		time.Sleep(d - time.Since(start))
+	}
+	if r.log.Enabled(context.Background(), slog.LevelDebug) {
+		r.log.Debug("TPM command", "command", commandName(cc), "response_code", fmt.Sprintf("0x%x", ResponseCode(rsp)), "took", time.Since(start))
 	}
 	cl.track(cc, cmd, rsp)
 	return rsp, nil
