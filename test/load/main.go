@@ -60,6 +60,7 @@ type options struct {
 	sources    bool
 	metrics    string
 	backoff    string
+	anchor     bool
 }
 
 func main() {
@@ -84,6 +85,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.reuse, "reuse", false, "keep one connection per concurrent client (measures issuance, not TLS handshakes)")
 	fs.BoolVar(&o.sources, "spread-sources", false, "give each simulated worker its own 127.x.y.z source address, as a fleet has (per-address rate limits apply per worker)")
 	fs.StringVar(&o.backoff, "backoff", "fast", "with -retry, the wait between attempts: fast (250 ms doubling up to 4 s) or talos (Talos's RemoteGenerator: go-retry Exponential in 1 s units, 100 ms jitter: 0, 1, 3, 7, 15, 31 s)")
+	fs.BoolVar(&o.anchor, "serve-anchor", false, "instead of loading, serve a bare Talos-style SecurityService (Talos trustd's per-request work with the file key in -certs: os-ca.key, server.crt/.key, token) on -addr until -duration or SIGINT, as the yardstick for the daemon's file path")
 	fs.StringVar(&o.metrics, "metrics", "", "the daemon's metrics URL (http://127.0.0.1:PORT/metrics): report its issued, refused and late-signature counters at the end")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -91,6 +93,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := o.validate(); err != nil {
 		fmt.Fprintln(stderr, "load:", err)
 		return 2
+	}
+	if o.anchor {
+		return runAnchor(o, stderr)
 	}
 	res, err := runLoad(o, stdout)
 	if err != nil {
