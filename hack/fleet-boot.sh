@@ -8,6 +8,12 @@
 #   tpm60    swtpm behind steward-tpm-relay --latency Sign=60ms: a discrete
 #            TPM chip's speed (TPM_WORKERS workers, default 1000: 60 s of
 #            signing, the storm of issue 15)
+# and two steady-state comparisons (not in the default BACKENDS):
+#   tpm60-kept    16 kept-alive clients against the 60 ms chip: the share
+#                 of the device's 16.7 signatures/s the daemon delivers
+#   file-anchor   32 kept-alive clients, file key, against the daemon and
+#                 against a bare Talos-style server (load -serve-anchor),
+#                 interleaved twice in the same run
 # Workers wait between attempts as Talos does (BACKOFF=talos; fast: the load
 # tool's 250 ms doubling). Loopback only; every run is bounded by DURATION.
 #   hack/fleet-boot.sh [bin-dir]      (make fleet-boot)
@@ -54,7 +60,39 @@ start_tpm() {
   wait_for "$d/relay.log" "steward-tpm-relay listening" relay
 }
 
+# steady LABEL ARGS...: one kept-alive load run.
+steady() { local label=$1; shift; echo "== $label"; "$bin/load" -reuse -duration "$DURATION" "$@"; }
+
+file_anchor() {
+  local dir=$work/anchor
+  "$bin/steward-trustd-gencreds" -cluster anchor -output "$dir" >/dev/null
+  run_daemon "$dir" "file:$dir/os-ca.key"
+  "$bin/load" -serve-anchor -addr 127.0.0.1:$((port + 2000)) -certs "$dir" -duration "$DURATION" 2>"$work/anchor.log" &
+  pids+=($!)
+  wait_for "$work/anchor.log" "anchor listening" anchor
+  for round in 1 2; do
+    steady "file-anchor round $round: steward-trustd, file key" -addr 127.0.0.1:$port -certs "$dir" -workers 32 -requests "${FILE_REQUESTS:-6000}"
+    steady "file-anchor round $round: bare Talos-style server" -addr 127.0.0.1:$((port + 2000)) -certs "$dir" -workers 32 -requests "${FILE_REQUESTS:-6000}"
+  done
+  kill -INT "$daemon"; wait "$daemon" 2>/dev/null || true
+}
+
+tpm60_kept() {
+  local dir=$work/kept
+  start_tpm "$work/kept-tpm" "$TPM_SIGN"
+  local signer="tpm:path=$work/kept-tpm/os-ca.tpmkey;socket=$work/kept-tpm/relay.sock"
+  "$bin/steward-trustd-ceremony" init --signer "$signer" --cluster fleet --out "$dir" >/dev/null
+  run_daemon "$dir" "$signer"
+  steady "tpm60-kept: 16 kept-alive clients, Sign=$TPM_SIGN" -addr 127.0.0.1:$port -certs "$dir" -workers 16 -requests "${KEPT_REQUESTS:-500}" \
+    -metrics "http://127.0.0.1:$((port + 1000))/metrics"
+  kill -INT "$daemon"; wait "$daemon" 2>/dev/null || true
+}
+
 for backend in $BACKENDS; do
+  case $backend in
+  file-anchor) file_anchor; port=$((port + 1)); continue ;;
+  tpm60-kept) tpm60_kept; port=$((port + 1)); continue ;;
+  esac
   dir=$work/$backend
   extra=()
   workers=$WORKERS

@@ -233,7 +233,11 @@ func (g *signerGate) releaseLocked(signed bool) {
 // ticket is the youngest.
 func (g *signerGate) enqueueLocked(now time.Time, w *waiter) error {
 	if !g.fitsLocked(now, g.busy, w.deadline) {
-		return g.refuseLocked(fmt.Sprintf("its deadline is nearer than the %s the signer needs for it; retry with a longer deadline", g.est.workFor(g.busy+1).Round(time.Millisecond)))
+		reason := fmt.Sprintf("its deadline is nearer than the %s the signer needs for it; retry with a longer deadline", g.est.workFor(g.busy+1).Round(time.Millisecond))
+		if len(g.queue) == 0 {
+			return &saturatedError{reason: reason} // one impatient client, not a saturated device
+		}
+		return g.refuseLocked(reason)
 	}
 	pos, _ := slices.BinarySearchFunc(g.queue, w, func(q, w *waiter) int {
 		if q.before(w) {
