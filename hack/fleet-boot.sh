@@ -71,7 +71,7 @@ file_anchor() {
   "$bin/load" -serve-anchor -addr 127.0.0.1:$((port + 2000)) -certs "$dir" -duration "$DURATION" 2>"$work/anchor.log" &
   pids+=($!)
   wait_for "$work/anchor.log" "anchor listening" anchor
-  for round in 1 2; do
+  for round in $(seq "${ROUNDS:-2}"); do
     steady "file-anchor round $round: steward-trustd, file key" -addr 127.0.0.1:$port -certs "$dir" -workers 32 -requests "${FILE_REQUESTS:-6000}"
     steady "file-anchor round $round: bare Talos-style server" -addr 127.0.0.1:$((port + 2000)) -certs "$dir" -workers 32 -requests "${FILE_REQUESTS:-6000}"
   done

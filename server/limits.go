@@ -24,14 +24,15 @@ type RateLimits struct {
 	// is slowed down (default 5).
 	BadTokenBurst int
 	// MaxSignerQueue is the hard bound on requests holding or waiting for
-	// the signer; beyond it requests get ResourceExhausted at once
-	// (default 1024).
+	// the signer; beyond it the request whose worker was seen last gets
+	// ResourceExhausted at once (default 1024).
 	MaxSignerQueue int
-	// MaxSignerWait is the deadline of a request that carries none: the
-	// signer gate admits a request only if the work queued ahead of it
-	// finishes before its deadline, the client's gRPC deadline (a Talos
-	// worker's attempt: 10 s) or, without one, arrival plus this
-	// (default 2s).
+	// MaxSignerWait is the deadline of a request that carries none. A
+	// request waits for the signer in line until its deadline, the
+	// client's gRPC deadline (a Talos worker's attempt: 10 s) or, without
+	// one, arrival plus this (default 2s); it reaches the device only if
+	// it can finish by then, and is answered ResourceExhausted just before
+	// it otherwise.
 	MaxSignerWait time.Duration
 	// MaxPeers bounds the addresses tracked; idle ones are forgotten first
 	// (default 65536).
