@@ -431,10 +431,10 @@ func (m *gateMetrics) set(queued int, interval time.Duration) {
 	m.service.Set(interval.Seconds())
 }
 
-// observeLate counts a signature made for a request whose deadline had
-// passed by the time it completed.
-func (m *Metrics) observeLate(ctx context.Context) {
-	if m != nil && ctx.Err() != nil {
+// observeLate counts a signature made (signErr nil) for a request whose
+// deadline had passed by the time it completed.
+func (m *Metrics) observeLate(ctx context.Context, signErr error) {
+	if m != nil && signErr == nil && ctx.Err() != nil {
 		m.gate.late.Inc()
 	}
 }

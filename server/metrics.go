@@ -54,7 +54,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 			Name: "trustd_reloads_total", Help: "Reloads of the cert dir, by file set and result (ok, error).",
 		}, []string{"what", "result"}),
 		signerInflight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "trustd_signer_inflight", Help: "Requests holding or waiting for the signer.",
+			Name: "trustd_signer_inflight", Help: "Requests holding the signer (those waiting in line: trustd_signer_queued).",
 		}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "trustd_signer_ready", Help: "1 when the signer signed successfully recently, else 0.",

@@ -167,7 +167,7 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	cert, err := Issue(r, creds.ca, s.signer, s.limits.Validity, s.now(), s.rand)
 	s.metrics.inflight(-1)
 	release()
-	s.metrics.observeLate(ctx)
+	s.metrics.observeLate(ctx, err)
 	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
 	s.signerState.observe(err)
 	if s.readiness != nil {
