@@ -109,12 +109,15 @@ func (r *Relay) add(c net.Conn) bool {
 }
 
 // Reset drops the TPM connection and every client, as a vanished TPM
-// would (e.g. after swtpm was killed): clients must reconnect.
+// would (e.g. after swtpm was killed): clients must reconnect. The
+// clients' objects are forgotten, not flushed: a restarted TPM has none,
+// and their handle numbers may soon name another client's objects.
 func (r *Relay) Reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.dropUpstreamLocked()
-	for c := range r.clients {
+	for c, cl := range r.clients {
+		clear(cl.objects)
 		c.Close()
 	}
 }
@@ -159,7 +162,9 @@ func (r *Relay) remove(c net.Conn) {
 	cl := r.clients[c]
 	delete(r.clients, c)
 	c.Close()
-	if cl != nil && r.upstream != nil {
+	if cl != nil {
+		// Over a fresh connection if need be: swtpm keeps objects across
+		// connections.
 		for h := range cl.objects {
 			if _, err := r.roundTripLocked(flushCommand(h)); err != nil {
 				r.log.Warn("TPM relay: flush of a departed client's object failed", "handle", fmt.Sprintf("0x%08x", uint32(h)), "error", err)

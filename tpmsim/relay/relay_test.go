@@ -273,3 +273,19 @@ func leaveObject(t *testing.T, sw *tpmsim.Swtpm) {
 		t.Fatal(err)
 	}
 }
+
+// FuzzFrames: no frame a client sends makes the relay's parsing or
+// object tracking panic.
+func FuzzFrames(f *testing.F) {
+	f.Add(command(tpm2.TPMCCCreatePrimary, 0x40000001))
+	f.Add(command(tpm2.TPMCCFlushContext, 0x80000001))
+	f.Add([]byte{0x80, 0x01, 0, 0, 0, 9})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		frame, err := relay.ReadFrame(strings.NewReader(string(b)))
+		if err != nil {
+			return
+		}
+		relay.CommandCode(frame)
+		relay.ResponseCode(frame)
+	})
+}
