@@ -51,7 +51,12 @@ const ewmaWeight = 0.05
 const (
 	ticketTTL         = 2 * time.Minute
 	ticketsPerWaiter  = 4
-	minSignerSlots    = 2
+	// A TPM executes one command at a time (TPM 2.0 Part 1 §12): one
+	// request at the device and one ready behind it keep it busy, and
+	// the deadline check stays exact. Other devices (HSMs with a session
+	// pool, a file key on several cores) sign in parallel.
+	serialSignerSlots   = 2
+	parallelSignerSlots = 8 // signer/pkcs11's default session pool
 	deliverySlackTime = 100 * time.Millisecond // answer's way back to the worker, scheduling delays
 )
 
@@ -90,16 +95,19 @@ func (w *waiter) before(o *waiter) bool {
 }
 
 func newSignerGate(maxQueue int, wait time.Duration, now func() time.Time) *signerGate {
-	slots := max(runtime.GOMAXPROCS(0), minSignerSlots)
 	return &signerGate{
-		slots: min(slots, maxQueue), max: maxQueue, wait: wait, now: now,
+		slots: min(serialSignerSlots, maxQueue), max: maxQueue, wait: wait, now: now,
 		log:     slog.New(slog.DiscardHandler),
 		tickets: ticketBook{first: map[string]time.Time{}, max: ticketsPerWaiter * maxQueue, ttl: ticketTTL},
 	}
 }
 
-// observe sends the gate's state changes to log and its gauges to m.
-func (g *signerGate) observe(log *slog.Logger, m *Metrics) {
+// observe sends the gate's state changes to log and its gauges to m,
+// and sizes the signer's slots to its backend ("tpm": serial).
+func (g *signerGate) observe(log *slog.Logger, m *Metrics, backend string) {
+	if backend != "tpm" {
+		g.slots = min(max(runtime.GOMAXPROCS(0), parallelSignerSlots), g.max)
+	}
 	if log != nil {
 		g.log = log
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -379,7 +380,7 @@ func TestSignerGateAbandon(t *testing.T) {
 func TestSignerGateLogsStateChanges(t *testing.T) {
 	var buf bytes.Buffer
 	g, clk := testGate(1, 1024)
-	g.observe(slog.New(slog.NewTextHandler(&buf, nil)), nil)
+	g.observe(slog.New(slog.NewTextHandler(&buf, nil)), nil, "tpm")
 	setInterval(g, 100*time.Millisecond)
 	mustJoin(t, g, "holder", clk.now().Add(time.Hour))
 	mustJoin(t, g, "queued", clk.now().Add(time.Hour))
@@ -479,5 +480,27 @@ func TestLateSignatureCounted(t *testing.T) {
 	<-done
 	if got := testutil.ToFloat64(m.gate.late); got != 1 {
 		t.Fatalf("late signatures %v, want 1", got)
+	}
+}
+
+func TestSignerGateSlotsByBackend(t *testing.T) {
+	cases := []struct {
+		backend  string
+		maxQueue int
+		want     int
+	}{
+		{"tpm", 1024, serialSignerSlots},
+		{"pkcs11", 1024, max(runtime.GOMAXPROCS(0), parallelSignerSlots)},
+		{"file", 1024, max(runtime.GOMAXPROCS(0), parallelSignerSlots)},
+		{"pkcs11", 3, 3},
+		{"tpm", 1, 1},
+	}
+	for _, c := range cases {
+		g, _ := testGate(0, c.maxQueue)
+		g.slots = newSignerGate(c.maxQueue, time.Second, time.Now).slots
+		g.observe(nil, nil, c.backend)
+		if g.slots != c.want {
+			t.Errorf("%s with bound %d: %d slots, want %d", c.backend, c.maxQueue, g.slots, c.want)
+		}
 	}
 }

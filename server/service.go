@@ -114,7 +114,7 @@ func New(cfg Config) (*Service, error) {
 	s.creds.Store(cfg.Credentials)
 	s.signerState.log = s.log
 	s.limiter = newLimiter(cfg.RateLimits, s.now)
-	s.limiter.gate.observe(s.log, s.metrics)
+	s.limiter.gate.observe(s.log, s.metrics, cfg.Signer.Describe().Backend)
 	s.metrics.SetCAExpiry(cfg.Credentials.CA().NotAfter, s.now())
 	return s, nil
 }
