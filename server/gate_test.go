@@ -493,7 +493,7 @@ func TestSignerGateSlotsByBackend(t *testing.T) {
 		{"pkcs11", 1024, max(runtime.GOMAXPROCS(0), parallelSignerSlots)},
 		{"file", 1024, max(runtime.GOMAXPROCS(0), parallelSignerSlots)},
 		{"pkcs11", 3, 3},
-		{"tpm", 1, 1},
+		{"tpm", 3, 3},
 	}
 	for _, c := range cases {
 		g, _ := testGate(0, c.maxQueue)
