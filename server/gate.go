@@ -47,18 +47,23 @@ func (e *saturatedError) Error() string { return "signer saturated: " + e.reason
 // 20 signatures.
 const ewmaWeight = 0.05
 
-// Ticket bounds: a Talos worker retries the same CSR for about a minute.
+// Ticket bounds: a Talos worker retries for about a minute, then starts
+// over; a ticket outlives that.
 const (
 	ticketTTL        = 2 * time.Minute
 	ticketsPerWaiter = 4
-	// A TPM executes one command at a time (TPM 2.0 Part 1 §12): a few
-	// requests at the signer keep it busy even when the host is slow to
-	// wake the next one (swtpm signs in about a millisecond), and the
-	// deadline check counts them as work ahead. Other devices (HSMs with
-	// a session pool, a file key on several cores) sign in parallel.
+)
+
+const (
+	// A TPM executes one command at a time: a few requests at the signer
+	// keep it busy even when the host is slow to wake the next one (swtpm
+	// signs in about a millisecond), and the deadline check counts them
+	// as work ahead. Other devices (HSMs with a session pool, a file key
+	// on several cores) sign in parallel.
 	serialSignerSlots   = 4
-	parallelSignerSlots = 8                      // signer/pkcs11's default session pool
-	deliverySlackTime   = 100 * time.Millisecond // answer's way back to the worker, scheduling delays
+	parallelSignerSlots = 8 // signer/pkcs11's default session pool
+	// The answer's way back to the worker, and scheduling delays.
+	deliverySlackTime = 100 * time.Millisecond
 )
 
 // signerGate admits requests to the signer; see the comment above.
