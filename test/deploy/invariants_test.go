@@ -76,8 +76,16 @@ func checkTPMPod(t *testing.T, pod *corev1.PodSpec, c *corev1.Container) {
 	}
 }
 
-// checkPKCS11Pod: the module is a read-only volume, the PIN a Secret.
+// checkPKCS11Pod: the module is a read-only volume whose directory is on
+// the loader's path (for the module's own libraries), the PIN a Secret.
 func checkPKCS11Pod(t *testing.T, pod *corev1.PodSpec, c *corev1.Container) {
+	u, err := pkcs11.ParseURI(env(c, "TRUSTD_SIGNER"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := env(c, "LD_LIBRARY_PATH"); got != filepath.Dir(u.ModulePath) {
+		t.Errorf("LD_LIBRARY_PATH = %q, want the module's directory %s", got, filepath.Dir(u.ModulePath))
+	}
 	for _, want := range []string{"hsm-module", "hsm-pin"} {
 		m := mountNamed(c, want)
 		if m == nil || !m.ReadOnly {
