@@ -55,7 +55,7 @@ test-coverage: deps
 	$(GO) tool cover -func=coverage.out | tail -1
 
 # gofmt, go vet and golangci-lint (errorlint, cyclop 20, gocognit 30, …;
-# see .golangci.yml) on both modules. golangci-lint is pinned in
+# see .golangci.yml) on every module (root, test/talos, test/deploy, hack/image). golangci-lint is pinned in
 # hack/tools/go.mod and built into $(BIN) on first use.
 GOLANGCI_LINT := $(BIN)/golangci-lint
 
@@ -72,6 +72,8 @@ lint: $(GOLANGCI_LINT)
 	cd hack/image && $(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
 	cd test/talos && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
+	cd test/deploy && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
+	cd hack/image && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
 
 # Short fuzzing runs of every fuzz target.
 fuzz:

@@ -180,8 +180,8 @@ func checkImage(t *testing.T, image string) {
 
 func checkSecurity(t *testing.T, pod *corev1.PodSpec, c *corev1.Container) {
 	t.Helper()
-	ps, cs := pod.SecurityContext, c.SecurityContext
-	if ps == nil || cs == nil {
+	ps := pod.SecurityContext
+	if ps == nil || c.SecurityContext == nil {
 		t.Fatal("pod and container securityContext must be set")
 	}
 	if ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil || *ps.RunAsUser == 0 {
@@ -190,20 +190,23 @@ func checkSecurity(t *testing.T, pod *corev1.PodSpec, c *corev1.Container) {
 	if ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 		t.Error("want seccompProfile RuntimeDefault")
 	}
+	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken || pod.HostNetwork || pod.HostPID {
+		t.Error("want no service-account token, no host network or PID namespace")
+	}
+	checkContainerSecurity(t, c.SecurityContext)
+}
+
+// checkContainerSecurity: read-only root, no privilege, no capability.
+func checkContainerSecurity(t *testing.T, cs *corev1.SecurityContext) {
+	t.Helper()
 	if cs.ReadOnlyRootFilesystem == nil || !*cs.ReadOnlyRootFilesystem {
 		t.Error("want readOnlyRootFilesystem")
 	}
-	if cs.AllowPrivilegeEscalation == nil || *cs.AllowPrivilegeEscalation {
-		t.Error("want allowPrivilegeEscalation: false")
-	}
-	if cs.Privileged != nil && *cs.Privileged {
-		t.Error("privileged")
+	if cs.AllowPrivilegeEscalation == nil || *cs.AllowPrivilegeEscalation || cs.Privileged != nil && *cs.Privileged {
+		t.Error("want allowPrivilegeEscalation: false and not privileged")
 	}
 	if cs.Capabilities == nil || len(cs.Capabilities.Drop) != 1 || cs.Capabilities.Drop[0] != "ALL" || len(cs.Capabilities.Add) != 0 {
 		t.Errorf("want capabilities drop [ALL], add none; got %+v", cs.Capabilities)
-	}
-	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken || pod.HostNetwork || pod.HostPID {
-		t.Error("want no service-account token, no host network or PID namespace")
 	}
 }
 

@@ -158,4 +158,3 @@ func waitReady(t *testing.T, url string, d *devtest.Daemon) {
 	}
 	t.Fatalf("%s not ready within 30s\n%s", url, d.Logs())
 }
-

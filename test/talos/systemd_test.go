@@ -38,7 +38,7 @@ var unitDirectives = map[string]string{
 	"RestrictAddressFamilies": "seccomp", "SystemCallFilter": "seccomp", "SystemCallArchitectures": "seccomp",
 	"ProtectHostname": "UTS namespace", "ProtectProc": "own PID namespace", "ProcSubset": "own PID namespace",
 	"RestrictNamespaces": "not emulated (bwrap needs namespaces to build the sandbox)",
-	"DevicePolicy": "minimal /dev (no TPM device here: swtpm over TCP)", "DeviceAllow": "see DevicePolicy", "PrivateDevices": "minimal /dev",
+	"DevicePolicy":       "minimal /dev (no TPM device here: swtpm over TCP)", "DeviceAllow": "see DevicePolicy", "PrivateDevices": "minimal /dev",
 	"ProtectKernelTunables": "unprivileged", "ProtectKernelModules": "unprivileged", "ProtectKernelLogs": "unprivileged",
 	"ProtectControlGroups": "unprivileged", "ProtectClock": "unprivileged", "RestrictRealtime": "not emulated",
 	"RestrictSUIDSGID": "not emulated", "LockPersonality": "not emulated", "MemoryDenyWriteExecute": "not emulated",
