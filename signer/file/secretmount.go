@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 )
 
@@ -18,16 +17,18 @@ import (
 // nothing more, when all of these hold:
 //
 //   - the mode grants the group read only, others nothing (0440 or 0640);
-//   - the group is one of this process's own groups (the pod's fsGroup is
-//     a supplementary group of every container in the pod, which can read
-//     the volume anyway), and the owner is root (kubelet) or this process;
+//   - the group is this process's own (effective) group — the manifests
+//     set fsGroup = runAsGroup — not merely a supplementary one, which on a
+//     host may be shared with other services (tss); the owner is root
+//     (kubelet) or this process;
 //   - the file is a Secret projection as kubelet's atomic writer lays it
 //     out: DIR/NAME -> ..data/NAME, DIR/..data -> ..<timestamp>, and the
 //     opened file is DIR/..data/NAME;
 //   - it lives on tmpfs, where kubelet puts every Secret volume.
 //
-// That grants no principal access it would not have anyway: the group's
-// members are the pod's own containers. On a host, a key shared with a
+// That grants no principal access it would not have anyway: in a pod the
+// group's members are the pod's own containers, which can mount the
+// Secret themselves. On a host, a key shared with a
 // group still needs `chmod 600` — the layout is not what `install`,
 // `cp` or a ceremony write.
 const (
@@ -53,7 +54,7 @@ func checkSecretMount(path string, f *os.File, st fs.FileInfo) error {
 	return checkTmpfs(f)
 }
 
-// checkOwnGroup: owned by root or us, group one of ours.
+// checkOwnGroup: owned by root or us, group our effective group.
 func checkOwnGroup(st fs.FileInfo) error {
 	uid, gid, ok := fileOwner(st)
 	if !ok {
@@ -62,12 +63,8 @@ func checkOwnGroup(st fs.FileInfo) error {
 	if uid != 0 && uid != os.Geteuid() {
 		return fmt.Errorf("%w: owner uid %d is neither root nor this process", errNotSecretMount, uid)
 	}
-	groups, err := os.Getgroups()
-	if err != nil {
-		return fmt.Errorf("%w: list supplementary groups: %w", errNotSecretMount, err)
-	}
-	if gid != os.Getegid() && !slices.Contains(groups, gid) {
-		return fmt.Errorf("%w: group %d is not one of this process's groups (set the pod's fsGroup to the daemon's group)", errNotSecretMount, gid)
+	if gid != os.Getegid() {
+		return fmt.Errorf("%w: group %d is not this process's group %d (set the pod's fsGroup equal to its runAsGroup)", errNotSecretMount, gid, os.Getegid())
 	}
 	return nil
 }

@@ -88,7 +88,7 @@ func TestSecretMountMode(t *testing.T) {
 		{"Secret, fsGroup 0640", true, layout, 0o640, own, true, ""},
 		{"Secret, others may read", true, layout, 0o444, own, false, "not owner + group read only"},
 		{"Secret, group may write", true, layout, 0o460, own, false, "not owner + group read only"},
-		{"Secret, group not ours", true, layout, 0o440, foreign, false, "not one of this process's groups"},
+		{"Secret, group not ours", true, layout, 0o440, foreign, false, "is not this process's group"},
 		{"plain 0440 on tmpfs", true, plain, 0o440, own, false, "is not a symlink to ..data/os-ca.key"},
 		{"absolute link instead of ..data/NAME", true, otherLink, 0o440, own, false, "is not a symlink to ..data/os-ca.key"},
 		{"Secret layout on disk, not tmpfs", false, layout, 0o440, own, false, "not on tmpfs"},
