@@ -107,11 +107,14 @@ image: deps
 	cd hack/image && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run . -out $(abspath $(BIN))/image -tag $(VERSION) \
 	  $(foreach a,$(IMAGE_ARCHS),-bin linux/$(a)=$(abspath $(BIN))/linux-$(a))
 
+# DOCKER=podman works too (the Dockerfile names every image fully).
+DOCKER ?= docker
+
 docker-build:
-	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+	$(DOCKER) build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
 
 docker-buildx:
-	docker buildx build --platform $(PLATFORMS) --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) --push .
+	$(DOCKER) buildx build --platform $(PLATFORMS) --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) --push .
 
 clean:
 	rm -rf $(BIN) $(LOCAL) coverage.out
