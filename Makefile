@@ -12,7 +12,7 @@ PORT      ?= 50001
 # Tests that need swtpm or SoftHSMv2 fail instead of skipping when set.
 export STEWARD_REQUIRE_DEVICES = 1
 
-.PHONY: all deps build build-all build-gencreds build-ceremony run-local test test-unit test-talos test-deploy test-coverage lint fuzz bench fleet-boot image docker-build docker-buildx clean
+.PHONY: all deps build build-all build-gencreds build-ceremony run-local test test-unit test-talos test-deploy test-coverage lint fuzz bench fleet-boot image image-smoke docker-build docker-buildx clean
 
 all: build-all
 
@@ -106,6 +106,11 @@ image: deps
 	$(foreach a,$(IMAGE_ARCHS),CGO_ENABLED=1 GOOS=linux GOARCH=$(a) CC=$(CC_$(a)) $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/linux-$(a)/ ./cmd/... &&) true
 	cd hack/image && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run . -out $(abspath $(BIN))/image -tag $(VERSION) \
 	  $(foreach a,$(IMAGE_ARCHS),-bin linux/$(a)=$(abspath $(BIN))/linux-$(a))
+
+# Runs the image's other platforms (arm64 here) under qemu-user from the
+# unpacked root file system; the native one is run by make test (TestImage).
+image-smoke: image
+	./hack/image-smoke.sh $(abspath $(BIN))/image $(VERSION) $(IMAGE_ARCHS)
 
 # DOCKER=podman works too (the Dockerfile names every image fully).
 DOCKER ?= docker

@@ -53,8 +53,13 @@ func run(args []string) error {
 	tag := fs.String("tag", "dev", "the image's reference name in the layout (org.opencontainers.image.ref.name) and version label")
 	var bins platformBins
 	fs.Var(&bins, "bin", "linux/ARCH=DIR: DIR holds that platform's steward-trustd, -ceremony and -gencreds (repeatable)")
+	unpackTo := fs.String("unpack", "", "instead of building: extract the linux/-arch image tagged -tag from the layout -out into this directory")
+	unpackArch := fs.String("arch", "", "with -unpack: the architecture (amd64, arm64)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *unpackTo != "" {
+		return unpack(*out, *tag, *unpackArch, *unpackTo)
 	}
 	if *out == "" || len(bins) == 0 {
 		return fmt.Errorf("need -out and at least one -bin")
