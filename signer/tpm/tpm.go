@@ -273,12 +273,14 @@ func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm
 		rsp, err := tpm2.Create{
 			ParentHandle: parent.auth(),
 			InPublic:     tpm2.New2B(keyTemplate(curve, policy, false)),
+			OutsideInfo:  tpm2.TPM2BData{Buffer: []byte(creationLabel)},
+			CreationPCR:  pcrSelection(u.PCRs),
 		}.Execute(t)
 		if err != nil {
 			return fmt.Errorf("create key (TPM2_Create): %w", err)
 		}
 		blob = &keyBlob{public: rsp.OutPublic, private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest}
-		return b.persist(t, u, parent, blob)
+		return b.persistWithEvidence(t, u, parent, blob, rsp)
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("tpm: generate %s key: %w", alg, err)
