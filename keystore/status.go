@@ -21,6 +21,11 @@ type Status struct {
 	PolicyChecked   bool   `json:"policyChecked"`
 	PolicySatisfied bool   `json:"policySatisfied"`
 	PolicyError     string `json:"policyError,omitempty"`
+	// Attestable says whether a TPM can prove the key resides in it
+	// (created there, creation evidence kept: see `attest`);
+	// Attestation says why or why not.
+	Attestable  bool   `json:"attestable"`
+	Attestation string `json:"attestation"`
 	// CA describes the CA certificate, when one was given.
 	CA *CAStatus `json:"ca,omitempty"`
 	// Receipts are the ceremony directory's receipts, oldest first.
@@ -48,6 +53,7 @@ func (c *Ceremony) Status(ctx context.Context, uri string, ca *x509.Certificate,
 	}
 	defer s.Close()
 	st := &Status{Key: s.Describe(), Receipts: []Receipt{}}
+	st.Attestable, st.Attestation = attestability(s)
 	if pc, ok := s.(PolicyChecker); ok {
 		st.PolicyChecked = true
 		if err := pc.CheckPolicy(ctx); err != nil {

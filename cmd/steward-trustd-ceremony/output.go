@@ -77,6 +77,11 @@ func printKey(w io.Writer, st *keystore.Status) {
 	default:
 		fmt.Fprintf(w, "policy check: NOT satisfied: %s\n", st.PolicyError)
 	}
+	if st.Attestable {
+		fmt.Fprintf(w, "attestable:   yes: %s\n", st.Attestation)
+	} else {
+		fmt.Fprintf(w, "attestable:   no: %s\n", st.Attestation)
+	}
 }
 
 func printReceipts(w io.Writer, st *keystore.Status) {
