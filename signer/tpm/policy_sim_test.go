@@ -1,0 +1,249 @@
+package tpm_test
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/tpmsim"
+)
+
+// logBuf collects log lines for assertions.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+func newP256(t *testing.T) *ecdsa.PrivateKey {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// authorizedFixture is a key under policy authorities in the in-process
+// simulator.
+type authorizedFixture struct {
+	sim       *tpmsim.Simulator
+	b         *tpm.Backend
+	uri       string
+	approvals string
+	log       *logBuf
+}
+
+func newAuthorizedFixture(t *testing.T, auths ...crypto.Signer) *authorizedFixture {
+	t.Helper()
+	f := &authorizedFixture{sim: tpmsim.NewSimulator(t), log: &logBuf{}}
+	f.b = &tpm.Backend{Dial: f.sim.Dial, ApprovalsReload: time.Nanosecond, Logger: slog.New(slog.NewTextHandler(f.log, nil))}
+	dir := t.TempDir()
+	f.approvals = filepath.Join(dir, "approvals")
+	if err := os.Mkdir(f.approvals, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pubs := make([]crypto.PublicKey, len(auths))
+	for i, a := range auths {
+		pubs[i] = a.Public()
+	}
+	uri, err := tpm.WithAuthorities("tpm:path="+filepath.Join(dir, "ca.tpmkey")+";socket=/unused;approvals="+f.approvals, pubs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.uri = uri
+	return f
+}
+
+// approve writes an approval of the TPM's current PCR 7 by auth.
+func (f *authorizedFixture) approve(t *testing.T, auth crypto.Signer, name string) {
+	t.Helper()
+	pcrs, vals, err := f.b.ReadPCRValues(ctx, f.uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := tpm.SignApproval(auth, pcrs, vals, tpm.ApprovalMeta{Note: name, CreatedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := tpm.MarshalApprovals(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.approvals, name+".json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustSign(t *testing.T, s signer.Signer) {
+	t.Helper()
+	d := sha256.Sum256([]byte("csr"))
+	sig, err := s.Sign(rand.Reader, d[:], crypto.SHA256)
+	if err != nil {
+		t.Fatalf("Sign: %v", err)
+	}
+	if !ecdsa.VerifyASN1(s.Public().(*ecdsa.PublicKey), d[:], sig) {
+		t.Fatal("signature does not verify")
+	}
+}
+
+func mustRefuse(t *testing.T, s signer.Signer) error {
+	t.Helper()
+	d := sha256.Sum256([]byte("csr"))
+	_, err := s.Sign(rand.Reader, d[:], crypto.SHA256)
+	if !errors.Is(err, signer.ErrPolicyNotSatisfied) {
+		t.Fatalf("Sign = %v, want ErrPolicyNotSatisfied", err)
+	}
+	return err
+}
+
+func TestAuthorizedPolicyLifecycle(t *testing.T) {
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		auth crypto.Signer
+	}{{"p256", newP256(t)}, {"rsa2048", rsaKey}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newAuthorizedFixture(t, tc.auth)
+			f.approve(t, tc.auth, "boot-1")
+			s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			mustSign(t, s)
+			mustSign(t, s) // cached ticket, remembered approval
+			if d := s.Describe(); !strings.Contains(d.Policy, "authorized by") {
+				t.Errorf("Describe().Policy = %q", d.Policy)
+			}
+
+			f.sim.ExtendPCR(t, 7, []byte("dbx update"))
+			err = mustRefuse(t, s)
+			if !strings.Contains(err.Error(), "--pcr 7=") || !strings.Contains(err.Error(), "PolicyPCR digest") {
+				t.Errorf("error does not tell the approver what to sign: %v", err)
+			}
+
+			f.approve(t, newP256(t), "foreign") // another key: ignored
+			mustRefuse(t, s)
+			if f.log.count("approval file ignored") != 1 {
+				t.Errorf("want one log line for the foreign approval:\n%s", f.log.b.String())
+			}
+
+			f.approve(t, tc.auth, "boot-2")
+			mustSign(t, s)
+
+			reopened, err := f.b.Open(ctx, f.uri)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer reopened.Close()
+			mustSign(t, reopened)
+			if !reopened.Public().(*ecdsa.PublicKey).Equal(s.Public()) {
+				t.Fatal("reopened key differs")
+			}
+
+			if err := os.Remove(filepath.Join(f.approvals, "boot-2.json")); err != nil {
+				t.Fatal(err)
+			}
+			mustRefuse(t, s) // retired by removing the file
+		})
+	}
+}
+
+func TestAuthorizedPolicyOR(t *testing.T) {
+	primary, breakGlass := newP256(t), newP256(t)
+	f := newAuthorizedFixture(t, primary, breakGlass)
+	f.approve(t, breakGlass, "break-glass")
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mustSign(t, s)
+	f.sim.ExtendPCR(t, 7, []byte("firmware"))
+	mustRefuse(t, s)
+	f.approve(t, primary, "primary")
+	mustSign(t, s)
+}
+
+func TestApprovalFilesIgnoredOneLineEach(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "good")
+	good, err := os.ReadFile(filepath.Join(f.approvals, "good.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tampered := bytes.Replace(good, []byte(`"pol": "`), []byte(`"pol": "00`), 1)
+	tampered = bytes.Replace(tampered, []byte(`"pcrValues"`), []byte(`"x"`), 1)
+	for name, data := range map[string][]byte{
+		"malformed.json": []byte("{not json"),
+		"tampered.json":  tampered,
+		"empty.json":     []byte(`{"sha256":[]}`),
+		"notes.txt":      []byte("ignored: not .json"),
+	} {
+		if err := os.WriteFile(filepath.Join(f.approvals, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for range 3 {
+		mustSign(t, s)
+	}
+	if n := f.log.count("approval file ignored"); n != 3 {
+		t.Errorf("%d 'ignored' lines, want 3 (one per bad file, once):\n%s", n, f.log.b.String())
+	}
+}
+
+func TestAuthorizedNeedsApprovalsDir(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "a")
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	path := strings.TrimPrefix(strings.Split(f.uri, ";")[0], "tpm:path=")
+	if _, err := f.b.Open(ctx, "tpm:path="+path+";socket=/unused"); !errors.Is(err, signer.ErrInvalidURI) || !strings.Contains(err.Error(), "approvals=") {
+		t.Fatalf("Open without approvals= = %v", err)
+	}
+	other, err := tpm.WithAuthorities("tpm:path="+path+";socket=/unused;approvals="+f.approvals, []crypto.PublicKey{newP256(t).Public()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.b.Open(ctx, other); !errors.Is(err, signer.ErrInvalidURI) {
+		t.Fatalf("Open with another authority = %v", err)
+	}
+}
