@@ -81,10 +81,7 @@ func SignApproval(authority crypto.Signer, pcrs []int, values [][]byte, meta App
 	if err != nil {
 		return nil, fmt.Errorf("approval: the authority's signature: %w", err)
 	}
-	vals := make(map[string]string, len(pcrs))
-	for i, p := range pcrs {
-		vals[strconv.Itoa(p)] = hex.EncodeToString(values[i])
-	}
+	vals := hexValues(pcrs, values)
 	return &Approval{
 		PCRs: pcrs, PKFP: a.Fingerprint(), Pol: hex.EncodeToString(pol),
 		Sig: base64.StdEncoding.EncodeToString(tpm2.Marshal(sig)), Ref: PolicyRef,

@@ -2,10 +2,12 @@ package tpm
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -215,5 +217,76 @@ func policyRestart(t transport.TPM, sess tpm2.TPMHandle) error {
 	if rc := tpm2.TPMRC(binary.BigEndian.Uint32(rsp[6:10])); rc != tpm2.TPMRCSuccess {
 		return fmt.Errorf("TPM2_PolicyRestart: %w", rc)
 	}
+	return nil
+}
+
+// PolicyReport tells an operator how a key under policy authorities
+// stands: its authorities, the current PCR state, and which approval (if
+// any) lets it sign now.
+type PolicyReport struct {
+	Authorities  []AuthorityReport `json:"authorities"`
+	ApprovalsDir string            `json:"approvalsDir"`
+	// Approvals counts the usable approvals (malformed, tampered and
+	// foreign ones are not counted).
+	Approvals int `json:"approvals"`
+	// PCRValues and PolicyPCRDigest are the current state of the key's
+	// PCR selection (pcrs=, default 7): the input of `policy approve`.
+	PCRValues       map[string]string `json:"pcrValues"`
+	PolicyPCRDigest string            `json:"policyPCRDigest"`
+	// Matching is the approval file that satisfies the policy now; empty
+	// when none does (MatchError then says why).
+	Matching   string `json:"matching,omitempty"`
+	MatchError string `json:"matchError,omitempty"`
+}
+
+// AuthorityReport names one policy authority.
+type AuthorityReport struct {
+	Name        string `json:"name"`
+	Fingerprint string `json:"fingerprint"`
+}
+
+// PolicyReport reports on the key's signed policy without signing; nil
+// for a PCR-bound key.
+func (s *Signer) PolicyReport(ctx context.Context) (*PolicyReport, error) {
+	if len(s.km.authorities) == 0 {
+		return nil, nil
+	}
+	r := &PolicyReport{ApprovalsDir: s.uri.Approvals}
+	for _, a := range s.km.authorities {
+		r.Authorities = append(r.Authorities, AuthorityReport{Name: hex.EncodeToString(a.name.Buffer), Fingerprint: a.fp})
+	}
+	err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+		vals, err := ReadPCRs(t, s.km.pcrs)
+		if err != nil {
+			return err
+		}
+		pol, err := PCRPolicyDigest(s.km.pcrs, vals)
+		if err != nil {
+			return err
+		}
+		r.PCRValues, r.PolicyPCRDigest = hexValues(s.km.pcrs, vals), hex.EncodeToString(pol)
+		r.Approvals = len(s.km.approvals.current(true))
+		return s.matchReport(t, r)
+	})
+	return r, err
+}
+
+// matchReport runs the signed policy on a fresh session and records the
+// approval that satisfies it.
+func (s *Signer) matchReport(t transport.TPM, r *PolicyReport) error {
+	sess, closeSess, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
+	if err != nil {
+		return fmt.Errorf("start policy session (TPM2_StartAuthSession): %w", err)
+	}
+	defer closeSess() //nolint:errcheck // flushing a session we are done with
+	s.auth.last = nil
+	if err := s.runAuthorized(t, sess.Handle()); err != nil {
+		if !errors.Is(err, signer.ErrPolicyNotSatisfied) {
+			return err
+		}
+		r.MatchError = err.Error()
+		return nil
+	}
+	r.Matching = filepath.Join(s.uri.Approvals, s.auth.last.file)
 	return nil
 }

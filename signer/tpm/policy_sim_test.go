@@ -247,3 +247,74 @@ func TestAuthorizedNeedsApprovalsDir(t *testing.T) {
 		t.Fatalf("Open with another authority = %v", err)
 	}
 }
+
+func TestQuoteVerification(t *testing.T) {
+	sim := tpmsim.NewSimulator(t)
+	b := &tpm.Backend{Dial: sim.Dial}
+	uri := "tpm:path=/unused/ca.tpmkey;socket=/unused;pcrs=7,11"
+	ak, err := b.AttestationKey(ctx, uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ak2, err := b.AttestationKey(ctx, uri)
+	if err != nil || !ak.Equal(ak2) {
+		t.Fatalf("attestation key is not reproducible: %v", err)
+	}
+	nonce := []byte("approver nonce 0123456789abcdef")
+	q, err := b.Quote(ctx, uri, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcrs, vals, err := tpm.VerifyQuote(q, ak, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, want, err := b.ReadPCRValues(ctx, uri)
+	if err != nil || len(pcrs) != 2 || !bytes.Equal(vals[0], want[0]) || !bytes.Equal(vals[1], want[1]) {
+		t.Fatalf("quoted state %v %x, want %x (%v)", pcrs, vals, want, err)
+	}
+	tampered := *q
+	tampered.PCRValues = map[string]string{"7": strings.Repeat("ff", 32), "11": q.PCRValues["11"]}
+	for _, tc := range []struct {
+		name  string
+		q     *tpm.Quote
+		ak    *ecdsa.PublicKey
+		nonce []byte
+		want  string
+	}{
+		{"wrong nonce", q, ak, []byte("another nonce"), "nonce differs"},
+		{"another AK", q, &newP256(t).PublicKey, nonce, "not signed by the pinned attestation key"},
+		{"values not quoted", &tampered, ak, nonce, "do not match the quoted digest"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, err := tpm.VerifyQuote(tc.q, tc.ak, tc.nonce); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("VerifyQuote = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	tpmsim.CheckNoLeaks(t, sim.TPM())
+}
+
+func TestPolicyReport(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "now")
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ts := s.(*tpm.Signer)
+	r, err := ts.PolicyReport(ctx)
+	if err != nil || r.Matching != filepath.Join(f.approvals, "now.json") || r.Approvals != 1 || len(r.Authorities) != 1 {
+		t.Fatalf("PolicyReport = %+v, %v", r, err)
+	}
+	f.sim.ExtendPCR(t, 7, []byte("update"))
+	r, err = ts.PolicyReport(ctx)
+	if err != nil || r.Matching != "" || !strings.Contains(r.MatchError, r.PolicyPCRDigest) {
+		t.Fatalf("PolicyReport after extend = %+v, %v", r, err)
+	}
+	if err := ts.CheckPolicy(ctx); !errors.Is(err, signer.ErrPolicyNotSatisfied) {
+		t.Fatalf("CheckPolicy = %v", err)
+	}
+}
