@@ -14,6 +14,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/backends"
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/cmd/internal/tpmdev"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -24,6 +25,9 @@ type environment struct {
 	keys  func(logger *slog.Logger) (keystore.Keys, error)
 	clock func() time.Time
 	rand  io.Reader
+	// tpmDial opens TPMs for the commands that use one outside a key
+	// (policy quote, reading PCR values to approve).
+	tpmDial tpm.DialFunc
 }
 
 func defaultEnvironment() *environment {
@@ -35,8 +39,9 @@ func defaultEnvironment() *environment {
 			}
 			return r, nil
 		},
-		clock: time.Now,
-		rand:  rand.Reader,
+		clock:   time.Now,
+		rand:    rand.Reader,
+		tpmDial: tpmdev.Dial,
 	}
 }
 
