@@ -333,7 +333,7 @@ func (f *approveFlags) target(now time.Time, pcrs []int, vals [][]byte) (keystor
 	if err != nil {
 		return keystore.Target{}, err
 	}
-	return keystore.Target{Dir: d, Name: now.UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(pol)[:16] + ".json"}, nil
+	return keystore.Target{Dir: d, Name: now.UTC().Format("20060102T150405.000Z") + "-" + hex.EncodeToString(pol)[:16] + ".json"}, nil
 }
 
 // quoteFlags are the flags of policy quote.
