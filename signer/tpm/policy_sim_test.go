@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-tpm/tpm2"
+
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
@@ -317,4 +319,32 @@ func TestPolicyReport(t *testing.T) {
 	if err := ts.CheckPolicy(ctx); !errors.Is(err, signer.ErrPolicyNotSatisfied) {
 		t.Fatalf("CheckPolicy = %v", err)
 	}
+}
+
+// TestForgedApprovalRefusedByTPM: an approval signed by another key and
+// relabelled with the authority's fingerprint never unlocks the key: the
+// TPM's TPM2_VerifySignature refuses it (TPM 2.0 Part 3 §20.1), with the
+// response code kept in the error chain.
+func TestForgedApprovalRefusedByTPM(t *testing.T) {
+	auth, forger := newP256(t), newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "real")
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pcrs, vals, err := f.b.ReadPCRValues(ctx, f.uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := tpm.SignApproval(forger, pcrs, vals, tpm.ApprovalMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = tpm.TPMVerifyApproval(s.(*tpm.Signer), forged)
+	if !errors.Is(err, tpm2.TPMRCSignature) || !errors.Is(err, signer.ErrPolicyNotSatisfied) {
+		t.Fatalf("TPM verification of a forged approval = %v, want TPM_RC_SIGNATURE and ErrPolicyNotSatisfied", err)
+	}
+	mustSign(t, s)
 }
