@@ -272,3 +272,31 @@ func TestSignedPolicyQuoteRefusals(t *testing.T) {
 		t.Error("a refused quote left an approval file")
 	}
 }
+
+// TestMigrateToSignedPolicy is the migration of a PCR-bound key (whose
+// authPolicy is immutable) to one under a policy authority: rotate to a
+// new key created with --policy-authority, then finish the rotation.
+func TestMigrateToSignedPolicy(t *testing.T) {
+	requireScheme(t, "tpm")
+	sw := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
+	root := t.TempDir()
+	dir := filepath.Join(root, "ceremony")
+	old := "tpm:path=" + filepath.Join(root, "old.tpmkey") + ";" + sw.URIAttrs()
+	mustCeremony(t, nil, "init", "--signer", old, "--pcrs", "7", "--cluster", "m", "--out", dir)
+	auth := writeAuthority(t, root, "authority")
+	next := "tpm:path=" + filepath.Join(root, "new.tpmkey") + ";" + sw.URIAttrs() + ";approvals=" + filepath.Join(root, "approvals")
+	mustCeremony(t, nil, "rotate", "--new-signer", next, "--policy-authority", auth, "--out", dir)
+	if r := ceremony(t, nil, "rotate", "--finish", "--new-signer", next, "--policy-authority", auth, "--out", dir); r.code != 2 {
+		t.Errorf("--policy-authority with --finish: %s", r)
+	}
+	mustCeremony(t, nil, "rotate", "--finish", "--new-signer", next, "--out", dir)
+	st := fullStatus(t, next, filepath.Join(dir, certdir.FileCACert))
+	if st.CA == nil || !st.CA.KeyMatches || st.SignedPolicy == nil || st.SignedPolicy.Matching == "" {
+		t.Fatalf("after the migration: %+v %+v", st.CA, st.SignedPolicy)
+	}
+	sw.ExtendPCR(t, 7, []byte("update"))
+	mustCeremony(t, nil, "policy", "approve", "--authority", auth, "--signer", next, "--dir", dir)
+	if st := fullStatus(t, next, filepath.Join(dir, certdir.FileCACert)); !st.PolicySatisfied {
+		t.Fatalf("the migrated key does not survive a PCR change: %s", st.PolicyError)
+	}
+}
