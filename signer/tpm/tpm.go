@@ -12,6 +12,7 @@
 //	tpm-uri   = "tpm:" attr *( ";" attr )
 //	attr      = key "=" value          ; each key at most once, value non-empty
 //	key       = "path" | "handle" | "device" | "swtpm" | "socket" | "pcrs" | "timeout"
+//	          | "approvals" | "authority"
 //
 //	path=/abs/clean/file.tpmkey   key blob file (TSS2 PRIVATE KEY PEM)
 //	handle=0x81xxxxxx             persistent handle, owner range 0x81000000-0x817fffff
@@ -20,6 +21,8 @@
 //	socket=/abs/path              swtpm --server type=unixio socket
 //	pcrs=7,11                     sha256 PCRs the key is bound to, 0-23 (default 7)
 //	timeout=5s                    bound on each TPM operation (default 10s)
+//	approvals=/abs/dir            approvals directory of a key under a policy authority
+//	authority=B64URL[,B64URL]     creation only: policy authorities (see WithAuthorities)
 //
 // Exactly one of path and handle is required; at most one of device, swtpm
 // and socket may be given (none means /dev/tpmrm0, else /dev/tpm0). Unknown
@@ -29,6 +32,12 @@
 // a pcrs attribute, if given, must equal it. A persistent handle carries no
 // blob, so for handle= keys the pcrs attribute (default 7) names the
 // selection, and a wrong one shows as an unsatisfied policy.
+//
+// A key created under policy authorities (signed PCR policies) has the
+// policy PolicyAuthorize(authority, PolicyRef) -> PolicyCommandCode(Sign)
+// (PolicyOR of such branches for several authorities) and signs in any
+// PCR state an authority approved in a file of its approvals directory;
+// see authorized.go and README.md.
 //
 // Examples:
 //
