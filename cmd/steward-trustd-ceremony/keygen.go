@@ -44,14 +44,14 @@ func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if o.SignerURI, err = withPCRs(o.SignerURI, k.pcrs); err != nil {
 				return err
 			}
-			d, err := mkdir(out)
-			if err != nil {
-				return err
-			}
-			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, k.authorities, d); err != nil {
+			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, k.authorities, out); err != nil {
 				return err
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+				d, err := mkdir(out)
+				if err != nil {
+					return nil, err
+				}
 				return cer.Init(cmd.Context(), d, o)
 			})
 		},
@@ -123,14 +123,14 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if o.Source, err = src.source(); err != nil {
 				return err
 			}
-			d, err := mkdir(out)
-			if err != nil {
-				return err
-			}
-			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, authorities, d); err != nil {
+			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, authorities, out); err != nil {
 				return err
 			}
 			err = env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+				d, err := mkdir(out)
+				if err != nil {
+					return nil, err
+				}
 				return cer.Import(cmd.Context(), d, o)
 			})
 			if err == nil {
@@ -174,7 +174,7 @@ func rotateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if o.NewSignerURI, err = withPCRs(o.NewSignerURI, k.pcrs); err != nil {
 				return err
 			}
-			if o.NewSignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.NewSignerURI, k.authorities, d); err != nil {
+			if o.NewSignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.NewSignerURI, k.authorities, out); err != nil {
 				return err
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {

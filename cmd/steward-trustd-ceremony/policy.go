@@ -46,12 +46,15 @@ func (e *environment) tpmBackend(stderr io.Writer) *tpm.Backend {
 // first authority (before the key exists, so that the ceremony can sign
 // with it at once) and returns uri with the authorities' public keys.
 // A re-run finds its approval in place and does not sign a second one.
-func (e *environment) underAuthorities(ctx context.Context, stdout, stderr io.Writer, uri string, auths []string, receipts keystore.Dir) (string, error) {
+func (e *environment) underAuthorities(ctx context.Context, stdout, stderr io.Writer, uri string, auths []string, receiptsDir string) (string, error) {
 	if len(auths) == 0 {
 		return uri, nil
 	}
 	if !tpm.IsKeyURI(uri) {
 		return "", cli.Usagef("--policy-authority applies to tpm: keys only")
+	}
+	if u, err := tpm.ParseURI(uri); err != nil || u.Approvals == "" {
+		return "", cli.Usagef("--policy-authority: the key URI must name its approvals directory (add ;approvals=/dir)")
 	}
 	pubs, err := e.authorityKeys(ctx, stderr, auths)
 	if err != nil {
@@ -79,6 +82,10 @@ func (e *environment) underAuthorities(ctx context.Context, stdout, stderr io.Wr
 		return out, nil
 	}
 	d, err := mkdir(u.Approvals)
+	if err != nil {
+		return "", err
+	}
+	receipts, err := mkdir(receiptsDir)
 	if err != nil {
 		return "", err
 	}

@@ -32,6 +32,7 @@ type approvalDir struct {
 	now      func() time.Time
 
 	lastScan time.Time
+	dirErr   string // the last error reading the directory, for one log line per change
 	files    map[string]approvalFileState
 	sorted   []checkedApproval // newest first
 }
@@ -63,11 +64,16 @@ func (d *approvalDir) current(force bool) []checkedApproval {
 func (d *approvalDir) scan() {
 	entries, err := os.ReadDir(d.dir)
 	if err != nil {
-		if len(d.files) > 0 || d.lastScan.IsZero() {
+		if err.Error() != d.dirErr {
 			d.log.Error("tpm: cannot read the approvals directory; no PCR state is approved until it is readable", "dir", d.dir, "error", err)
 		}
+		d.dirErr = err.Error()
 		d.files, d.sorted = map[string]approvalFileState{}, nil
 		return
+	}
+	if d.dirErr != "" {
+		d.log.Info("tpm: the approvals directory is readable again", "dir", d.dir)
+		d.dirErr = ""
 	}
 	next := make(map[string]approvalFileState, len(entries))
 	for _, e := range entries {

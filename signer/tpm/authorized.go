@@ -29,6 +29,9 @@ type authorizedState struct {
 
 func approvalKey(a *checkedApproval) string { return a.file + "/" + hex.EncodeToString(a.pol) }
 
+// maxTickets bounds the cached VerifySignature tickets.
+const maxTickets = 2 * maxApprovalFiles
+
 // errNoMatch marks a PCR state no approval covers (internal).
 var errNoMatch = errors.New("no approval matches")
 
@@ -170,7 +173,8 @@ func (s *Signer) ticket(t transport.TPM, a *checkedApproval) (tpm2.TPMTTKVerifie
 	if err != nil {
 		return tpm2.TPMTTKVerified{}, fmt.Errorf("approval %s: the TPM refuses the authority's signature (TPM2_VerifySignature): %w: %w", a.file, signer.ErrPolicyNotSatisfied, err)
 	}
-	if s.auth.tickets == nil {
+	if s.auth.tickets == nil || len(s.auth.tickets) >= maxTickets {
+		// Bounded: approvals come and go; the ones in use are verified again.
 		s.auth.tickets = map[string]tpm2.TPMTTKVerified{}
 	}
 	s.auth.tickets[approvalKey(a)] = rsp.Validation

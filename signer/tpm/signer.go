@@ -285,6 +285,9 @@ func (s *Signer) setPolicyStateLocked(ok bool, err error) {
 // the TPM response code (if any) in the chain.
 func (s *Signer) policyErr(rc error) error {
 	msg := fmt.Sprintf("tpm: PCR policy not satisfied: the %s PCR values differ from those the key is bound to", s.pcrDesc)
+	if len(s.km.authorities) > 0 {
+		msg = "tpm: signed PCR policy not satisfied: the PCRs changed during the signature; the next one looks for an approval of the new state"
+	}
 	if rc == nil {
 		return fmt.Errorf("%s: %w", msg, signer.ErrPolicyNotSatisfied)
 	}
