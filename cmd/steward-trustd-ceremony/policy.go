@@ -53,7 +53,9 @@ func (e *environment) underAuthorities(ctx context.Context, stdout, stderr io.Wr
 	if !tpm.IsKeyURI(uri) {
 		return "", cli.Usagef("--policy-authority applies to tpm: keys only")
 	}
-	if u, err := tpm.ParseURI(uri); err != nil || u.Approvals == "" {
+	if u, err := tpm.ParseURI(uri); err != nil {
+		return "", cli.Usage(err)
+	} else if u.Approvals == "" {
 		return "", cli.Usagef("--policy-authority: the key URI must name its approvals directory (add ;approvals=/dir)")
 	}
 	pubs, err := e.authorityKeys(ctx, stderr, auths)

@@ -42,7 +42,7 @@ func (l *logBuf) count(s string) int {
 	return strings.Count(l.b.String(), s)
 }
 
-func newP256(t *testing.T) *ecdsa.PrivateKey {
+func newP256(t testing.TB) *ecdsa.PrivateKey {
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +60,7 @@ type authorizedFixture struct {
 	log       *logBuf
 }
 
-func newAuthorizedFixture(t *testing.T, auths ...crypto.Signer) *authorizedFixture {
+func newAuthorizedFixture(t testing.TB, auths ...crypto.Signer) *authorizedFixture {
 	t.Helper()
 	f := &authorizedFixture{sim: tpmsim.NewSimulator(t), log: &logBuf{}}
 	f.b = &tpm.Backend{Dial: f.sim.Dial, ApprovalsReload: time.Nanosecond, Logger: slog.New(slog.NewTextHandler(f.log, nil))}
@@ -82,7 +82,7 @@ func newAuthorizedFixture(t *testing.T, auths ...crypto.Signer) *authorizedFixtu
 }
 
 // approve writes an approval of the TPM's current PCR 7 by auth.
-func (f *authorizedFixture) approve(t *testing.T, auth crypto.Signer, name string) {
+func (f *authorizedFixture) approve(t testing.TB, auth crypto.Signer, name string) {
 	t.Helper()
 	pcrs, vals, err := f.b.ReadPCRValues(ctx, f.uri)
 	if err != nil {
