@@ -112,20 +112,26 @@ func eccAuthorityTemplate(k *ecdsa.PublicKey) tpm2.TPMTPublic {
 		Type:             tpm2.TPMAlgECC,
 		NameAlg:          tpm2.TPMAlgSHA256,
 		ObjectAttributes: tpm2.TPMAObject{SignEncrypt: true, UserWithAuth: true},
-		Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
-			Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
-			Scheme: tpm2.TPMTECCScheme{
-				Scheme:  tpm2.TPMAlgECDSA,
-				Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256}),
-			},
-			CurveID: tpm2.TPMECCNistP256,
-			KDF:     tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
-		}),
+		Parameters:       p256ECDSAParms(),
 		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{
 			X: tpm2.TPM2BECCParameter{Buffer: point[1:33]},
 			Y: tpm2.TPM2BECCParameter{Buffer: point[33:]},
 		}),
 	}
+}
+
+// p256ECDSAParms are the parameters of a P-256 ECDSA-SHA256 signing key
+// (the ECC authority template and the attestation key).
+func p256ECDSAParms() tpm2.TPMUPublicParms {
+	return tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
+		Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
+		Scheme: tpm2.TPMTECCScheme{
+			Scheme:  tpm2.TPMAlgECDSA,
+			Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256}),
+		},
+		CurveID: tpm2.TPMECCNistP256,
+		KDF:     tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
+	})
 }
 
 // rsaAuthorityTemplate is Talos's RSAPubKeyTemplate

@@ -52,15 +52,7 @@ func akTemplate() tpm2.TPMTPublic {
 			FixedTPM: true, FixedParent: true, SensitiveDataOrigin: true,
 			UserWithAuth: true, NoDA: true, Restricted: true, SignEncrypt: true,
 		},
-		Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
-			Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
-			Scheme: tpm2.TPMTECCScheme{
-				Scheme:  tpm2.TPMAlgECDSA,
-				Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256}),
-			},
-			CurveID: tpm2.TPMECCNistP256,
-			KDF:     tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
-		}),
+		Parameters: p256ECDSAParms(),
 		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{
 			X: tpm2.TPM2BECCParameter{Buffer: []byte{}},
 			Y: tpm2.TPM2BECCParameter{Buffer: []byte{}},
