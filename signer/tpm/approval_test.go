@@ -290,3 +290,38 @@ func TestWithAuthorities(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseApprovals: whatever the bytes, parsing an approval file never
+// panics, and what it accepts was signed by the authority.
+func FuzzParseApprovals(f *testing.F) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		f.Fatal(err)
+	}
+	a, err := SignApproval(k, []int{7}, [][]byte{pcrValue(1)}, ApprovalMeta{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	good, err := MarshalApprovals(a)
+	if err != nil {
+		f.Fatal(err)
+	}
+	auths := []*Authority{}
+	if x, err := NewAuthority(k.Public()); err == nil {
+		auths = append(auths, x)
+	}
+	for _, s := range [][]byte{good, []byte(`{"sha256":[{}]}`), []byte("{")} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := parseApprovals("f.json", data, auths)
+		if err != nil {
+			return
+		}
+		for _, c := range got {
+			if verifyTPMT(auths[c.auth], approvalDigest(c.pol, PolicyRef), c.sig) != nil {
+				t.Fatalf("accepted an approval whose signature does not verify: %+v", c)
+			}
+		}
+	})
+}

@@ -348,3 +348,37 @@ func TestForgedApprovalRefusedByTPM(t *testing.T) {
 	}
 	mustSign(t, s)
 }
+
+// TestAuthorizedImportAndHandle: Import (verified by signing, so the
+// approval must exist first) and a persistent handle, whose authorities
+// come from the URI (a handle carries no blob).
+func TestAuthorizedImportAndHandle(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "now")
+	s, err := f.b.Import(ctx, f.uri, newP256(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSign(t, s)
+	s.Close()
+
+	handleURI, err := tpm.WithAuthorities("tpm:handle=0x81000110;socket=/unused;approvals="+f.approvals, []crypto.PublicKey{auth.Public()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := f.b.Generate(ctx, handleURI, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSign(t, h)
+	h.Close()
+	reopened, err := f.b.Open(ctx, handleURI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reopened.Close()
+	mustSign(t, reopened)
+	f.sim.ExtendPCR(t, 7, []byte("update"))
+	mustRefuse(t, reopened)
+}
