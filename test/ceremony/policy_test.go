@@ -206,6 +206,12 @@ func TestSignedPolicyWithDaemon(t *testing.T) {
 	if rs.SignedPolicy == nil || !strings.HasPrefix(filepath.Base(rs.SignedPolicy.Matching), "2") {
 		t.Errorf("status does not name the quote's approval as the match: %+v", rs.SignedPolicy)
 	}
+	text := mustCeremony(t, nil, "status", "--signer", s.uri, "--ca", filepath.Join(s.dir, certdir.FileCACert))
+	for _, want := range []string{"authority:    sha256 " + rs.SignedPolicy.Authorities[1].Fingerprint, "approved by:  " + rs.SignedPolicy.Matching, "PCR state:    7="} {
+		if !strings.Contains(text.stdout, want) {
+			t.Errorf("text status lacks %q:\n%s", want, text.stdout)
+		}
+	}
 }
 
 // checkIgnoredOnce checks that each file got exactly one "ignored" line.
