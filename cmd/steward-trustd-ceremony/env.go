@@ -14,7 +14,6 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/backends"
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
-	"github.com/steward-trustd/steward-trustd/cmd/internal/tpmdev"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -26,7 +25,7 @@ type environment struct {
 	clock func() time.Time
 	rand  io.Reader
 	// tpmDial opens TPMs for the commands that use one outside a key
-	// (policy quote, reading PCR values to approve).
+	// (policy quote, reading PCR values to approve); nil means tpmdev.Dial.
 	tpmDial tpm.DialFunc
 }
 
@@ -39,9 +38,8 @@ func defaultEnvironment() *environment {
 			}
 			return r, nil
 		},
-		clock:   time.Now,
-		rand:    rand.Reader,
-		tpmDial: tpmdev.Dial,
+		clock: time.Now,
+		rand:  rand.Reader,
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/cmd/internal/tpmdev"
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
@@ -38,7 +39,11 @@ const policyAuthorityUsage = "TPM only: create the key under this policy authori
 
 // tpmBackend is the TPM backend for reading PCRs and quoting, outside any key.
 func (e *environment) tpmBackend(stderr io.Writer) *tpm.Backend {
-	return &tpm.Backend{Dial: e.tpmDial, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	dial := e.tpmDial
+	if dial == nil {
+		dial = tpmdev.Dial
+	}
+	return &tpm.Backend{Dial: dial, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 }
 
 // underAuthorities prepares the creation of a key under the policy
