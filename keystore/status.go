@@ -8,6 +8,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
 )
 
 // Status is what `status` reports.
@@ -26,6 +27,10 @@ type Status struct {
 	// Attestation says why or why not.
 	Attestable  bool   `json:"attestable"`
 	Attestation string `json:"attestation"`
+	// SignedPolicy reports on a TPM key under policy authorities: the
+	// authorities' names and fingerprints, the current PCR state and
+	// which approval matches it.
+	SignedPolicy *tpm.PolicyReport `json:"signedPolicy,omitempty"`
 	// CA describes the CA certificate, when one was given.
 	CA *CAStatus `json:"ca,omitempty"`
 	// Receipts are the ceremony directory's receipts, oldest first.
@@ -44,6 +49,11 @@ type CAStatus struct {
 	KeyMatches  bool      `json:"keyMatches"`
 }
 
+// policyReporter is implemented by TPM signers (*tpm.Signer).
+type policyReporter interface {
+	PolicyReport(ctx context.Context) (*tpm.PolicyReport, error)
+}
+
 // Status opens the key at uri (it does not sign) and reports on it, on ca
 // if given, and on the receipts in d (nil d lists none).
 func (c *Ceremony) Status(ctx context.Context, uri string, ca *x509.Certificate, d Dir) (*Status, error) {
@@ -60,6 +70,11 @@ func (c *Ceremony) Status(ctx context.Context, uri string, ca *x509.Certificate,
 			st.PolicyError = err.Error()
 		} else {
 			st.PolicySatisfied = true
+		}
+	}
+	if pr, ok := s.(policyReporter); ok {
+		if st.SignedPolicy, err = pr.PolicyReport(ctx); err != nil {
+			return nil, fmt.Errorf("status: signed policy: %w", err)
 		}
 	}
 	if ca != nil {

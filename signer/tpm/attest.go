@@ -2,6 +2,7 @@ package tpm
 
 import (
 	"context"
+	"crypto"
 	"errors"
 	"fmt"
 
@@ -14,38 +15,6 @@ import (
 // MaxQualifyingData bounds TPM2_CertifyCreation's qualifyingData (a
 // TPM2B_DATA holds at most one digest of the largest hash, Part 2 §10.4.3).
 const MaxQualifyingData = 64
-
-// attestKeyTemplate is the attestation key (AK): a restricted ECDSA
-// P-256/SHA-256 signing primary in the owner hierarchy with an empty
-// unique, so the TPM derives the same AK from its owner seed every time
-// and nothing has to be stored between `intermediate request` and
-// `intermediate install`. Restricted: it signs only structures the TPM
-// generated (TPMS_ATTEST with TPM_GENERATED_VALUE), never a digest
-// handed in from outside, so an attestation it signed cannot be forged
-// in software. fixedTPM/fixedParent: it never leaves this TPM.
-func attestKeyTemplate() tpm2.TPMTPublic {
-	return tpm2.TPMTPublic{
-		Type:    tpm2.TPMAlgECC,
-		NameAlg: tpm2.TPMAlgSHA256,
-		ObjectAttributes: tpm2.TPMAObject{
-			FixedTPM: true, FixedParent: true, SensitiveDataOrigin: true,
-			UserWithAuth: true, NoDA: true, Restricted: true, SignEncrypt: true,
-		},
-		Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
-			Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
-			Scheme: tpm2.TPMTECCScheme{
-				Scheme:  tpm2.TPMAlgECDSA,
-				Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256}),
-			},
-			CurveID: tpm2.TPMECCNistP256,
-			KDF:     tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
-		}),
-		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{
-			X: tpm2.TPM2BECCParameter{Buffer: []byte{}},
-			Y: tpm2.TPM2BECCParameter{Buffer: []byte{}},
-		}),
-	}
-}
 
 // Attest produces the attestation evidence for the blob key uri names:
 // the EK certificate from NV, the RSA EK's public area, the AK's, and a
@@ -148,7 +117,7 @@ func attest(t transport.TPM, blob *keyBlob, ce *creationEvidence, qd []byte) (*a
 func createAK(t transport.TPM) (*tpm2.CreatePrimaryResponse, error) {
 	rsp, err := tpm2.CreatePrimary{
 		PrimaryHandle: tpm2.AuthHandle{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)},
-		InPublic:      tpm2.New2B(attestKeyTemplate()),
+		InPublic:      tpm2.New2B(akTemplate()),
 	}.Execute(t)
 	if err != nil {
 		return nil, fmt.Errorf("create attestation key (TPM2_CreatePrimary, owner hierarchy, empty owner password): %w", err)
@@ -240,4 +209,20 @@ func ekPolicy(t transport.TPM, session tpm2.TPMISHPolicy, nonceTPM tpm2.TPM2BNon
 		return fmt.Errorf("EK policy (TPM2_PolicySecret, endorsement hierarchy, empty password): %w", err)
 	}
 	return nil
+}
+
+// SignedPolicyDigest is the authPolicy of a key created under the
+// policy authorities pubs (see WithAuthorities): what a verifier expects
+// of an attested key under signed policies.
+func SignedPolicyDigest(pubs []crypto.PublicKey) ([]byte, error) {
+	auths := make([]*Authority, 0, len(pubs))
+	for _, p := range pubs {
+		a, err := NewAuthority(p)
+		if err != nil {
+			return nil, err
+		}
+		auths = append(auths, a)
+	}
+	pol, _, err := authorizedPolicy(auths)
+	return pol, err
 }
