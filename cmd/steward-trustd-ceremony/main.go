@@ -58,6 +58,8 @@ Exit codes: 0 success, 1 the operation failed, 2 usage error.`,
 		serverCertCmd(env, stdout, stderr),
 		rotateCmd(env, stdout, stderr),
 		statusCmd(env, stdout, stderr),
+		attestCmd(env, stdout, stderr),
+		verifyAttestationCmd(env, stdout, stderr),
 		policyCmd(env, stdout, stderr),
 		doctorCmd(stdout),
 	)

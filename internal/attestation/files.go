@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
 )
@@ -61,12 +60,12 @@ func EncodeSecret(b []byte) []byte { return []byte(hex.EncodeToString(b) + "\n")
 // CheckResponse compares the node's activation response with the
 // auditor's secret, both as EncodeSecret wrote them.
 func CheckResponse(secret, response []byte) error {
-	s, err1 := hex.DecodeString(strings.TrimSpace(string(secret)))
-	r, err2 := hex.DecodeString(strings.TrimSpace(string(response)))
-	if err := errors.Join(err1, err2); err != nil || len(s) != ChallengeSize {
-		return fmt.Errorf("activation secret or response is not %d hex bytes: %w", ChallengeSize, err)
+	s, err := hex.DecodeString(strings.TrimSpace(string(secret)))
+	if err != nil || len(s) != ChallengeSize {
+		return fmt.Errorf("the challenge's secret file is not %d hex bytes; re-run verify-attestation --challenge-out", ChallengeSize)
 	}
-	if subtle.ConstantTimeCompare(s, r) != 1 {
+	r, err := hex.DecodeString(strings.TrimSpace(string(response)))
+	if err != nil || subtle.ConstantTimeCompare(s, r) != 1 {
 		return refuse(CheckCredential, "the response is not the challenge's secret: the TPM that answered does not hold this EK and AK")
 	}
 	return nil

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/internal/attestation"
+	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
+)
+
+// verifyAttestFlags are the flags of verify-attestation.
+type verifyAttestFlags struct {
+	in, ca, nonce, ekRoots, pcrDigest, challengeOut, challenge, response, dir string
+	authorities                                                               []string
+	force                                                                     bool
+}
+
+func verifyAttestationCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	var f verifyAttestFlags
+	c := &cobra.Command{
+		Use:   "verify-attestation --in os-ca.attestation.json --ca os-ca.crt --nonce HEX --ek-roots FILE (--challenge-out FILE | --challenge FILE --response FILE)",
+		Short: "On the auditor's machine: verify that the CA key was created in a genuine TPM",
+		Long: `Verify attest's evidence from bytes alone: the EK certificate chains to --ek-roots (PEM
+roots and intermediates of the TPM vendors; the critical SAN of EK certificates is accepted),
+the attestation key is a restricted non-duplicable signing key, the TPM certified the creation
+of exactly the key of --ca with --nonce, the key was created in the TPM (sensitiveDataOrigin),
+cannot leave it (fixedTPM, fixedParent), signs only under its policy (userWithAuth clear,
+adminWithPolicy), and its authPolicy is PolicyPCR(creation PCRs) → CC(Sign), or the signed
+policy of --policy-authority. Then --challenge-out receives a challenge sealed to the EK and
+attestation key (its secret stays in FILE.secret); the node answers it with attest --challenge,
+and verify-attestation --challenge FILE --response FILE checks the answer. Any failed check:
+exit 1 naming it, and a receipt of the refusal.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.check(); err != nil {
+				return err
+			}
+			return f.run(cmd.Context(), env, stdout, stderr)
+		},
+	}
+	fs := c.Flags()
+	fs.StringVar(&f.in, "in", "", "the evidence attest wrote")
+	fs.StringVar(&f.ca, "ca", "", "the CA certificate the cluster trusts")
+	fs.StringVar(&f.nonce, "nonce", "", "the nonce given to attest, hex")
+	fs.StringVar(&f.ekRoots, "ek-roots", "", "PEM bundle of trusted EK root (and intermediate) certificates")
+	cli.ListVar(fs, &f.authorities, "policy-authority", nil, "the key is under these policy authorities (file:/pkcs11: key URIs, in creation order) instead of fixed PCR values")
+	fs.StringVar(&f.pcrDigest, "pcr-digest", "", "expected creation PCR digest, hex (the golden PCR values' SHA-256)")
+	fs.StringVar(&f.challengeOut, "challenge-out", "", "write the activation challenge for the node here")
+	fs.StringVar(&f.challenge, "challenge", "", "the challenge written earlier (its .secret beside it)")
+	fs.StringVar(&f.response, "response", "", "the node's response (attest --challenge)")
+	fs.StringVar(&f.dir, "dir", "", "ceremony directory for the receipt (default: the directory of --ca)")
+	fs.BoolVar(&f.force, "force", false, "replace --challenge-out")
+	return c
+}
+
+func (f verifyAttestFlags) check() error {
+	if err := cli.Required(map[string]string{"in": f.in, "ca": f.ca, "nonce": f.nonce, "ek-roots": f.ekRoots}); err != nil {
+		return err
+	}
+	if (f.challengeOut == "") == (f.challenge == "" || f.response == "") {
+		return cli.Usagef("give --challenge-out FILE (first round), or --challenge FILE and --response FILE (second round)")
+	}
+	if f.pcrDigest != "" {
+		if b, err := hex.DecodeString(f.pcrDigest); err != nil || len(b) != 32 {
+			return cli.Usagef("--pcr-digest must be 32 bytes in hex")
+		}
+	}
+	return checkNonce(f.nonce)
+}
+
+func (f verifyAttestFlags) run(ctx context.Context, env *environment, stdout, stderr io.Writer) error {
+	o, err := f.options(ctx, env, stderr)
+	if err != nil {
+		return err
+	}
+	rd, err := receiptsDir(f.dir, f.ca)
+	if err != nil {
+		return err
+	}
+	cer, err := env.ceremony(stderr)
+	if err != nil {
+		return err
+	}
+	res, out, err := cer.VerifyAttestation(rd, *o)
+	if err != nil {
+		return err
+	}
+	printAttestation(stdout, res)
+	printOutcome(stdout, out)
+	return nil
+}
+
+// options reads the files the flags name.
+func (f verifyAttestFlags) options(ctx context.Context, env *environment, stderr io.Writer) (*keystore.VerifyAttestationOptions, error) {
+	exp, err := f.expectations(ctx, env, stderr)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := readCA(f.ca)
+	if err != nil {
+		return nil, err
+	}
+	ev, err := readBounded(f.in)
+	if err != nil {
+		return nil, err
+	}
+	nonce, _ := hex.DecodeString(f.nonce)
+	o := &keystore.VerifyAttestationOptions{Evidence: ev, CA: ca, Nonce: nonce, Expect: *exp, Force: f.force}
+	if f.challengeOut != "" {
+		o.ChallengeOut, err = outTarget(f.challengeOut)
+		return o, err
+	}
+	if o.Secret, err = readBounded(f.challenge + ".secret"); err != nil {
+		return nil, fmt.Errorf("the challenge's secret (kept by verify-attestation --challenge-out): %w", err)
+	}
+	o.Response, err = readBounded(f.response)
+	return o, err
+}
+
+// expectations reads the EK roots and the expected policy.
+func (f verifyAttestFlags) expectations(ctx context.Context, env *environment, stderr io.Writer) (*attestation.Options, error) {
+	data, err := readBounded(f.ekRoots)
+	if err != nil {
+		return nil, err
+	}
+	roots, err := attestation.ParseEKRoots(data)
+	if err != nil {
+		return nil, fmt.Errorf("--ek-roots %s: %w", f.ekRoots, err)
+	}
+	o := &attestation.Options{EKRoots: roots}
+	if f.pcrDigest != "" {
+		o.PCRDigest, _ = hex.DecodeString(f.pcrDigest)
+	}
+	if len(f.authorities) == 0 {
+		return o, nil
+	}
+	pubs, err := env.authorityKeys(ctx, stderr, f.authorities)
+	if err != nil {
+		return nil, err
+	}
+	pol, err := tpm.SignedPolicyDigest(pubs)
+	if err != nil {
+		return nil, err
+	}
+	o.AuthPolicies = [][]byte{pol}
+	return o, nil
+}
+
+func printAttestation(w io.Writer, r *attestation.Result) {
+	fmt.Fprintf(w, "attestation:  verified\n")
+	fmt.Fprintf(w, "EK:           %s (issuer %s, root %s)\n", r.EK.Subject, r.EK.Issuer, r.EK.Root)
+	fmt.Fprintf(w, "EK cert:      sha256 %s\n", r.EK.SHA256)
+	fmt.Fprintf(w, "AK name:      %s\n", r.AKName)
+	fmt.Fprintf(w, "key name:     %s\n", r.KeyName)
+	fmt.Fprintf(w, "key policy:   %s\n", r.Policy)
+	if len(r.PCRs) > 0 {
+		fmt.Fprintf(w, "created with: sha256 PCRs %v, digest %s\n", r.PCRs, r.PCRDigest)
+	}
+}
+
+// dirOf is the directory of a file path.
+func dirOf(path string) string { return filepath.Dir(path) }
