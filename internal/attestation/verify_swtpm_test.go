@@ -225,7 +225,3 @@ func selfSigned(t *testing.T) []byte {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
-
-func equalInts(a, b []int) bool {
-	return len(a) == len(b) && (len(a) == 0 || a[0] == b[0]) && string(rune(len(a))) == string(rune(len(b)))
-}
