@@ -70,3 +70,27 @@ func CheckResponse(secret, response []byte) error {
 	}
 	return nil
 }
+
+// RequestVersion is the version of Request.
+const RequestVersion = 1
+
+// Request is an attested enrolment request (`intermediate request
+// --attest`): the CSR and the TPM's evidence over CSRQualifyingData(CSR)
+// for the CSR's key.
+type Request struct {
+	Version  int       `json:"version"`
+	CSR      []byte    `json:"csr"` // DER
+	Evidence *Evidence `json:"evidence"`
+}
+
+// ParseRequest decodes an attested request file.
+func ParseRequest(data []byte) (*Request, error) {
+	var r Request
+	if err := decodeStrict(data, &r); err != nil {
+		return nil, fmt.Errorf("decode attested request: %w", err)
+	}
+	if r.Version != RequestVersion || r.Evidence == nil || r.Evidence.Version != EvidenceVersion || len(r.CSR) == 0 {
+		return nil, fmt.Errorf("attested request is not version %d with a CSR and version %d evidence", RequestVersion, EvidenceVersion)
+	}
+	return &r, nil
+}
