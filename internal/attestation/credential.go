@@ -4,7 +4,6 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -100,13 +99,7 @@ func newAEAD(key []byte) (cipher.AEAD, error) {
 }
 
 // Marshal encodes s as indented JSON.
-func (s *Sealed) Marshal() ([]byte, error) {
-	b, err := json.MarshalIndent(s, "", "  ")
-	if err != nil {
-		return nil, fmt.Errorf("encode sealed credential: %w", err)
-	}
-	return append(b, '\n'), nil
-}
+func (s *Sealed) Marshal() ([]byte, error) { return marshalFile(s, "sealed credential") }
 
 // ParseSealed decodes a sealed credential written by Marshal.
 func ParseSealed(data []byte) (*Sealed, error) {

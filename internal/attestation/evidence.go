@@ -48,10 +48,13 @@ type Evidence struct {
 }
 
 // Marshal encodes e as indented JSON.
-func (e *Evidence) Marshal() ([]byte, error) {
-	b, err := json.MarshalIndent(e, "", "  ")
+func (e *Evidence) Marshal() ([]byte, error) { return marshalFile(e, "attestation evidence") }
+
+// marshalFile encodes one of this package's files as indented JSON.
+func marshalFile(v any, what string) ([]byte, error) {
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return nil, fmt.Errorf("encode attestation evidence: %w", err)
+		return nil, fmt.Errorf("encode %s: %w", what, err)
 	}
 	return append(b, '\n'), nil
 }

@@ -83,12 +83,9 @@ func (b *Backend) Quote(ctx context.Context, uri string, nonce []byte) (*Quote, 
 }
 
 func quote(t transport.TPM, pcrs []int, nonce []byte) (*Quote, error) {
-	ak, err := tpm2.CreatePrimary{
-		PrimaryHandle: tpm2.AuthHandle{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)},
-		InPublic:      tpm2.New2B(akTemplate()),
-	}.Execute(t)
+	ak, err := createAK(t)
 	if err != nil {
-		return nil, fmt.Errorf("create attestation key (TPM2_CreatePrimary, empty owner password): %w", err)
+		return nil, err
 	}
 	defer flush(t, ak.ObjectHandle)
 	rsp, err := tpm2.Quote{
