@@ -17,9 +17,32 @@ import (
 
 // verifyAttestFlags are the flags of verify-attestation.
 type verifyAttestFlags struct {
-	in, ca, nonce, ekRoots, pcrDigest, challengeOut, challenge, response, dir string
-	authorities                                                               []string
-	force                                                                     bool
+	in, ca, nonce, challengeOut, challenge, response, dir string
+	expect                                                expectFlags
+	force                                                 bool
+}
+
+// expectFlags say what a verifier of attestation evidence expects:
+// verify-attestation's and intermediate sign's.
+type expectFlags struct {
+	ekRoots, pcrDigest string
+	authorities        []string
+}
+
+func (e *expectFlags) register(c *cobra.Command) {
+	fs := c.Flags()
+	fs.StringVar(&e.ekRoots, "ek-roots", "", "PEM bundle of trusted EK root (and intermediate) certificates of the TPM vendors")
+	cli.ListVar(fs, &e.authorities, "policy-authority", nil, "the attested key is under these policy authorities (file:/pkcs11: key URIs, in creation order) instead of fixed PCR values")
+	fs.StringVar(&e.pcrDigest, "pcr-digest", "", "expected creation PCR digest, hex (SHA-256 over the golden PCR values)")
+}
+
+func (e *expectFlags) check() error {
+	if e.pcrDigest != "" {
+		if b, err := hex.DecodeString(e.pcrDigest); err != nil || len(b) != 32 {
+			return cli.Usagef("--pcr-digest must be 32 bytes in hex")
+		}
+	}
+	return nil
 }
 
 func verifyAttestationCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -48,28 +71,24 @@ exit 1 naming it, and a receipt of the refusal.`,
 	fs.StringVar(&f.in, "in", "", "the evidence attest wrote")
 	fs.StringVar(&f.ca, "ca", "", "the CA certificate the cluster trusts")
 	fs.StringVar(&f.nonce, "nonce", "", "the nonce given to attest, hex")
-	fs.StringVar(&f.ekRoots, "ek-roots", "", "PEM bundle of trusted EK root (and intermediate) certificates")
-	cli.ListVar(fs, &f.authorities, "policy-authority", nil, "the key is under these policy authorities (file:/pkcs11: key URIs, in creation order) instead of fixed PCR values")
-	fs.StringVar(&f.pcrDigest, "pcr-digest", "", "expected creation PCR digest, hex (the golden PCR values' SHA-256)")
 	fs.StringVar(&f.challengeOut, "challenge-out", "", "write the activation challenge for the node here")
 	fs.StringVar(&f.challenge, "challenge", "", "the challenge written earlier (its .secret beside it)")
 	fs.StringVar(&f.response, "response", "", "the node's response (attest --challenge)")
 	fs.StringVar(&f.dir, "dir", "", "ceremony directory for the receipt (default: the directory of --ca)")
 	fs.BoolVar(&f.force, "force", false, "replace --challenge-out")
+	f.expect.register(c)
 	return c
 }
 
 func (f verifyAttestFlags) check() error {
-	if err := cli.Required(map[string]string{"in": f.in, "ca": f.ca, "nonce": f.nonce, "ek-roots": f.ekRoots}); err != nil {
+	if err := cli.Required(map[string]string{"in": f.in, "ca": f.ca, "nonce": f.nonce, "ek-roots": f.expect.ekRoots}); err != nil {
+		return err
+	}
+	if err := f.expect.check(); err != nil {
 		return err
 	}
 	if (f.challengeOut == "") == (f.challenge == "" || f.response == "") {
 		return cli.Usagef("give --challenge-out FILE (first round), or --challenge FILE and --response FILE (second round)")
-	}
-	if f.pcrDigest != "" {
-		if b, err := hex.DecodeString(f.pcrDigest); err != nil || len(b) != 32 {
-			return cli.Usagef("--pcr-digest must be 32 bytes in hex")
-		}
 	}
 	return checkNonce(f.nonce)
 }
@@ -98,7 +117,7 @@ func (f verifyAttestFlags) run(ctx context.Context, env *environment, stdout, st
 
 // options reads the files the flags name.
 func (f verifyAttestFlags) options(ctx context.Context, env *environment, stderr io.Writer) (*keystore.VerifyAttestationOptions, error) {
-	exp, err := f.expectations(ctx, env, stderr)
+	exp, err := f.expect.expectations(ctx, env, stderr)
 	if err != nil {
 		return nil, err
 	}
@@ -124,23 +143,23 @@ func (f verifyAttestFlags) options(ctx context.Context, env *environment, stderr
 }
 
 // expectations reads the EK roots and the expected policy.
-func (f verifyAttestFlags) expectations(ctx context.Context, env *environment, stderr io.Writer) (*attestation.Options, error) {
-	data, err := readBounded(f.ekRoots)
+func (e *expectFlags) expectations(ctx context.Context, env *environment, stderr io.Writer) (*attestation.Options, error) {
+	data, err := readBounded(e.ekRoots)
 	if err != nil {
 		return nil, err
 	}
 	roots, err := attestation.ParseEKRoots(data)
 	if err != nil {
-		return nil, fmt.Errorf("--ek-roots %s: %w", f.ekRoots, err)
+		return nil, fmt.Errorf("--ek-roots %s: %w", e.ekRoots, err)
 	}
 	o := &attestation.Options{EKRoots: roots}
-	if f.pcrDigest != "" {
-		o.PCRDigest, _ = hex.DecodeString(f.pcrDigest)
+	if e.pcrDigest != "" {
+		o.PCRDigest, _ = hex.DecodeString(e.pcrDigest)
 	}
-	if len(f.authorities) == 0 {
+	if len(e.authorities) == 0 {
 		return o, nil
 	}
-	pubs, err := env.authorityKeys(ctx, stderr, f.authorities)
+	pubs, err := env.authorityKeys(ctx, stderr, e.authorities)
 	if err != nil {
 		return nil, err
 	}
