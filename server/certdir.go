@@ -22,10 +22,14 @@ import (
 type CertDir struct {
 	// Dir is the directory.
 	Dir string
-	// Token and CACert, when non-nil, replace the token and os-ca.crt files.
-	Token, CACert []byte
-	// SignerPublic is the signer's key, which os-ca.crt must hold.
+	// Token, CACert and IssuerChain, when non-nil, replace the token,
+	// os-ca.crt and issuer.crt files.
+	Token, CACert, IssuerChain []byte
+	// SignerPublic is the signer's key, which issuer.crt's first
+	// certificate (or, without issuer.crt, os-ca.crt) must hold.
 	SignerPublic crypto.PublicKey
+	// Clock checks the issuer chain's validity; nil means time.Now.
+	Clock func() time.Time
 }
 
 // Digest identifies the content of one read of a file set, so that a
@@ -49,7 +53,8 @@ func (d CertDir) read(name string, inline []byte, optional bool, h *digestBuilde
 	return b, nil
 }
 
-// Credentials reads token, os-ca.crt and accepted-cas.crt.
+// Credentials reads token, os-ca.crt, accepted-cas.crt and issuer.crt
+// and checks them with LoadCredentials.
 func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	var h digestBuilder
 	token, err := d.read(certdir.FileToken, d.Token, false, &h)
@@ -64,7 +69,12 @@ func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	if err != nil {
 		return nil, Digest{}, fmt.Errorf("accepted CAs: %w", err)
 	}
-	c, err := NewCredentials(token, ca, accepted, d.SignerPublic)
+	issuer, err := d.read(certdir.FileIssuerChain, d.IssuerChain, true, &h)
+	if err != nil {
+		return nil, Digest{}, fmt.Errorf("issuer chain: %w", err)
+	}
+	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, IssuerChain: issuer}
+	c, err := LoadCredentials(files, d.SignerPublic, clockOrDefault(d.Clock)())
 	return c, h.sum(), err
 }
 
@@ -132,7 +142,8 @@ func (r *Reloader) Check() {
 	if d != r.creds {
 		r.apply("credentials", d, err, &r.creds, &r.badCreds, func() {
 			r.Service.SetCredentials(c)
-			r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize())
+			r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize(),
+				"issuer", c.Issuer().Subject.String(), "issuer_not_after", c.IssuerNotAfter())
 		})
 	}
 	if r.Holder == nil {

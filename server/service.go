@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
-	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -154,7 +153,7 @@ func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*x
 	s.metrics.inflight(1)
 	defer s.metrics.inflight(-1)
 	t0 := s.now()
-	cert, err := Issue(r, creds.ca, s.signer, s.limits.Validity, s.now(), s.rand)
+	cert, err := Issue(r, creds.Issuer(), s.signer, s.limits.Validity, s.now(), s.rand)
 	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
 	s.signerState.observe(err)
 	if s.readiness != nil {
@@ -186,7 +185,7 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	rec.notAfter = cert.NotAfter
 	return &securityapi.CertificateResponse{
 		Ca:  creds.bundle,
-		Crt: pki.EncodeCertificates(cert),
+		Crt: creds.withChain(cert),
 	}, nil
 }
 

@@ -22,6 +22,11 @@ import (
 const (
 	// FileCACert is the issuing OS CA certificate.
 	FileCACert = "os-ca.crt"
+	// FileIssuerChain is the signing key's certificate chain in the
+	// tiered setup: its own (intermediate) certificate first, then any
+	// further intermediates, the root (os-ca.crt) excluded. Absent in the
+	// single-tier setup, where os-ca.crt is the signing key's.
+	FileIssuerChain = "issuer.crt"
 	// FileCAKey is the OS CA key of the file backend (gencreds only).
 	FileCAKey = "os-ca.key"
 	// FileServerCert is trustd's TLS serving certificate.
