@@ -57,6 +57,7 @@ Exit codes: 0 success, 1 the operation failed, 2 usage error.`,
 		talosconfigCmd(env, stdout, stderr),
 		serverCertCmd(env, stdout, stderr),
 		rotateCmd(env, stdout, stderr),
+		intermediateCmd(env, stdout, stderr),
 		statusCmd(env, stdout, stderr),
 		doctorCmd(stdout),
 	)
