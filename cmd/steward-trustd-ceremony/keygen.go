@@ -144,18 +144,24 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 func rotateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var o keystore.RotateOptions
 	var k keyFlags
-	var out string
-	var finish bool
+	var out, name string
+	var finish, intermediate bool
 	c := &cobra.Command{
-		Use:   "rotate --new-signer URI --out DIR [--finish]",
-		Short: "Start a CA rotation (new key, both CAs accepted), or finish it with --finish",
+		Use:   "rotate --new-signer URI --out DIR [--finish] [--intermediate --name NAME]",
+		Short: "Start a CA rotation (new key, both CAs accepted), or finish it with --finish; --intermediate rotates a node's intermediate",
+		Long: `Without --intermediate, rotate replaces the OS CA (the root): a new key and CA that workers accept
+alongside the old one until --finish.
+With --intermediate, DIR is a node's cert dir (os-ca.crt, issuer.crt): rotate creates the node's new
+intermediate key at --new-signer and writes DIR/issuer.next.csr for the root to sign into
+DIR/issuer.next.crt; the daemon keeps signing with the old key meanwhile. --finish checks the new
+chain as the daemon will and makes it issuer.crt; then restart the daemon on the new key.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cli.Required(map[string]string{"new-signer": o.NewSignerURI, "out": out}); err != nil {
 				return err
 			}
 			d := keystore.OSDir{Root: out}
 			if finish {
-				return rotateFinish(cmd, env, stdout, stderr, d, o.NewSignerURI)
+				return rotateFinish(cmd, env, stdout, stderr, d, o.NewSignerURI, intermediate)
 			}
 			var err error
 			if o.Algorithm, err = parseAlgorithm(k.algorithm); err != nil {
@@ -163,6 +169,9 @@ func rotateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			}
 			if o.NewSignerURI, err = withPCRs(o.NewSignerURI, k.pcrs); err != nil {
 				return err
+			}
+			if intermediate {
+				return rotateIntermediate(cmd, env, stdout, stderr, d, keystore.IntermediateRequestOptions{SignerURI: o.NewSignerURI, Algorithm: o.Algorithm, Name: name})
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 				return cer.Rotate(cmd.Context(), d, o)
@@ -172,19 +181,37 @@ func rotateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	f := c.Flags()
 	f.StringVar(&o.NewSignerURI, "new-signer", "", "key URI of the new CA key (created at start, used at --finish)")
 	f.BoolVar(&finish, "finish", false, "finish the rotation: the new CA becomes os-ca.crt, the old one is dropped")
+	f.BoolVar(&intermediate, "intermediate", false, "rotate this node's intermediate (tiered setup) instead of the root")
+	f.StringVar(&name, "name", "", "--intermediate: the new intermediate's common name, e.g. the node name")
 	k.register(c, "new key algorithm", "TPM only: PCRs to bind the new key to")
 	cli.HoursVar(f, &o.Validity, "hours", 87600, cli.MaxCAHours, "new CA validity in hours")
-	f.StringVar(&out, "out", "", "ceremony directory (holds os-ca.crt and token)")
+	f.StringVar(&out, "out", "", "ceremony directory (holds os-ca.crt and token), or with --intermediate the node's cert dir")
 	return c
 }
 
-func rotateFinish(cmd *cobra.Command, env *environment, stdout, stderr io.Writer, d keystore.Dir, uri string) error {
-	for _, n := range []string{"algorithm", "pcrs", "hours"} {
+// rotateIntermediate starts an intermediate rotation.
+func rotateIntermediate(cmd *cobra.Command, env *environment, stdout, stderr io.Writer, d keystore.Dir, o keystore.IntermediateRequestOptions) error {
+	if o.Name == "" {
+		return cli.Usagef("required flag(s) --name not set: --intermediate needs the new intermediate's common name")
+	}
+	if cmd.Flags().Changed("hours") {
+		return cli.Usagef("--hours applies to the root; an intermediate's validity is chosen by intermediate sign")
+	}
+	return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+		return cer.IntermediateRotate(cmd.Context(), d, o)
+	})
+}
+
+func rotateFinish(cmd *cobra.Command, env *environment, stdout, stderr io.Writer, d keystore.Dir, uri string, intermediate bool) error {
+	for _, n := range []string{"algorithm", "pcrs", "hours", "name"} {
 		if cmd.Flags().Changed(n) {
 			return cli.Usagef("--%s applies to starting a rotation, not to --finish", n)
 		}
 	}
 	return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+		if intermediate {
+			return cer.IntermediateRotateFinish(cmd.Context(), d, uri)
+		}
 		return cer.RotateFinish(cmd.Context(), d, keystore.RotateFinishOptions{NewSignerURI: uri})
 	})
 }

@@ -28,6 +28,7 @@ import (
 // intermediate, its daemon.
 type tierNode struct {
 	name, uri string
+	nextURI   string // where a rotation creates the node's next key
 	env       []string
 	sw        *tpmsim.Swtpm // the node's TPM (tpm backend only)
 	certDir   string
@@ -69,9 +70,34 @@ func tiered(t *testing.T, b backend) {
 		login(t, readFile(t, tc), srv, true, "os:admin")
 		login(t, tr.rogueTalosconfig(n), srv, false, "")
 	}
+	tr.rotate(nodes[1], wc)
 	if b.name == "tpm" {
 		tr.killOne(nodes, wc)
 	}
+}
+
+// rotate replaces a node's intermediate key: new key and request while
+// the daemon keeps serving, the root signs, finish, restart on the new key.
+func (tr *tierRun) rotate(n *tierNode, wc *doctor.WorkerConfig) {
+	t := tr.t
+	mustCeremony(t, n.env, "rotate", "--intermediate", "--new-signer", n.nextURI, "--name", n.name, "--out", n.certDir)
+	mustCeremony(t, nil, "intermediate", "sign", "--signer", tr.rootURI, "--ca", tr.rootCA, "--csr", filepath.Join(n.certDir, certdir.FileNextIssuerCSR),
+		"--out", filepath.Join(n.certDir, certdir.FileNextIssuerChain), "--dir", filepath.Join(tr.dir, "root"))
+	apid(t, n.d, wc) // the old key still serves during the overlap
+	finish := []string{"rotate", "--intermediate", "--finish", "--new-signer", n.nextURI, "--out", n.certDir}
+	mustCeremony(t, n.env, finish...)
+	if r := mustCeremony(t, n.env, finish...); !strings.Contains(r.stdout, "already completed") {
+		t.Errorf("finish re-run: %s", r)
+	}
+	if _, err := os.Stat(filepath.Join(n.certDir, certdir.FileNextIssuerChain)); err == nil {
+		t.Error("issuer.next.crt left after finish")
+	}
+	if r := mustCeremony(t, n.env, "status", "--signer", n.nextURI, "--ca", filepath.Join(n.certDir, certdir.FileCACert)); !strings.Contains(r.stdout, "chain:        ok") {
+		t.Errorf("status of the new key: %s", r)
+	}
+	n.d.Stop(t)
+	n.d = startDaemon(t, n.certDir, n.nextURI, append(n.env, "TRUSTD_HEALTH_ADDR="+n.health, "TRUSTD_READY_WINDOW=1s")...)
+	apid(t, n.d, wc)
 }
 
 func newTierRun(t *testing.T) *tierRun {
@@ -95,9 +121,10 @@ func (tr *tierRun) node(b backend, name string) *tierNode {
 		requireScheme(t, "tpm")
 		n.sw = tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
 		n.uri = "tpm:path=" + filepath.Join(tr.dir, name, "intermediate.tpmkey") + ";" + n.sw.URIAttrs()
+		n.nextURI = "tpm:path=" + filepath.Join(tr.dir, name, "intermediate-next.tpmkey") + ";" + n.sw.URIAttrs()
 	} else {
 		uri, env, _, _ := b.setup(t)
-		n.uri, n.env = uri(name), env
+		n.uri, n.nextURI, n.env = uri(name), uri(name+"-next"), env
 	}
 	csr := filepath.Join(tr.dir, name, "node.csr")
 	req := []string{"intermediate", "request", "--signer", n.uri, "--name", name, "--out", csr}
