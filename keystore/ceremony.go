@@ -9,13 +9,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/steward-trustd/steward-trustd/internal/certdir"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"io"
 	"io/fs"
 	"time"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/crashpoint"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 

@@ -5,11 +5,11 @@ package keystore
 import (
 	"errors"
 	"fmt"
-	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"os"
 	"syscall"
 
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 )
 
 // Lock implements Locker with flock(2) on the directory itself (creating

@@ -7,13 +7,13 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"github.com/steward-trustd/steward-trustd/internal/certdir"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v4"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
 )

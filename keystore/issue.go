@@ -5,14 +5,14 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/steward-trustd/steward-trustd/internal/certdir"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"strings"
 	"time"
 
 	talosx509 "github.com/siderolabs/crypto/x509"
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
 )
@@ -44,21 +44,47 @@ func (c *Ceremony) OpenCA(ctx context.Context, uri string, ca *x509.Certificate)
 	return s, nil
 }
 
-// writeWithReceipt commits an issuing operation: its outputs, then its
-// receipt, as one unit (WritePlaced). It reads the receipts directory
-// once, under its lock, for the receipt's sequence number.
-func (c *Ceremony) writeWithReceipt(receipts Dir, r Receipt, outputs []Placed) error {
+// issuance is what an issuing operation made through the device: the
+// certificate, the files that carry it and what its receipt records
+// besides the certificate.
+type issuance struct {
+	op      string
+	key     signer.Description
+	cert    *x509.Certificate
+	details map[string]string
+	outputs []Placed
+}
+
+// planIssue is the pure half of an issuing operation: the receipt that
+// records is, listing every output in order.
+func planIssue(is issuance, now time.Time, version string) Receipt {
+	r := newReceipt(is.op, version, now, is.key)
+	certReceipt(&r, is.cert)
+	for _, p := range is.outputs {
+		r.Files = append(r.Files, p.Dir.Path(p.File.Name))
+	}
+	r.Details = is.details
+	return r
+}
+
+// commitIssue writes an issuing operation's outputs, then its receipt, as
+// one unit (WritePlaced). It reads the receipts directory once, under its
+// lock, for the receipt's sequence number.
+func (c *Ceremony) commitIssue(receipts Dir, is issuance) (*Outcome, error) {
 	st, unlock, err := c.begin(receipts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer unlock()
-	r.Time, r.ToolVersion = c.now().UTC(), c.Version
+	r := planIssue(is, c.now(), c.Version)
 	rf, err := st.receiptFile(r, c.Rand)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return WritePlaced(append(outputs, Placed{Dir: receipts, File: rf}))
+	if err := WritePlaced(append(is.outputs, Placed{Dir: receipts, File: rf})); err != nil {
+		return nil, err
+	}
+	return &Outcome{Receipt: r, Written: r.Files}, nil
 }
 
 // SignCSROptions configures SignCSR.
@@ -102,15 +128,15 @@ func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
-	r := newReceipt("sign-csr", c.Version, c.now(), s.Describe())
-	certReceipt(&r, cert)
-	r.Files = []string{o.Out.Dir.Path(o.Out.Name)}
-	r.Details = map[string]string{"roles": strings.Join(roles, ","), "caFingerprint": pki.CertFingerprint(o.CA)}
-	out := []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}}
-	if err := c.writeWithReceipt(receipts, r, out); err != nil {
+	out, err := c.commitIssue(receipts, issuance{
+		op: "sign-csr", key: s.Describe(), cert: cert,
+		details: map[string]string{"roles": strings.Join(roles, ","), "caFingerprint": pki.CertFingerprint(o.CA)},
+		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
+	})
+	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
-	return cert, &Outcome{Receipt: r, Written: r.Files}, nil
+	return cert, out, nil
 }
 
 // TalosconfigOptions configures Talosconfig.
@@ -176,6 +202,25 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	if err != nil {
 		return nil, err
 	}
+	data, err := talosconfigFile(o, cert, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("talosconfig: %w", err)
+	}
+	out, err := c.commitIssue(receipts, issuance{
+		op: "talosconfig", key: s.Describe(), cert: cert,
+		details: map[string]string{"roles": strings.Join(roles, ","), "context": o.Context, "endpoints": strings.Join(o.Endpoints, ","), "caFingerprint": pki.CertFingerprint(o.CA)},
+		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o600}, Overwrite: o.Force}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("talosconfig: %w", err)
+	}
+	return out, nil
+}
+
+// talosconfigFile renders the talosconfig for cert and its key: the
+// trust bundle (o.Trust, or the CA alone) as `ca`, the endpoints, and the
+// nodes (the endpoints unless o.Nodes says otherwise).
+func talosconfigFile(o TalosconfigOptions, cert *x509.Certificate, keyPEM []byte) ([]byte, error) {
 	trust := o.Trust
 	if len(trust) == 0 {
 		trust = []*x509.Certificate{o.CA}
@@ -189,17 +234,9 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	cfg.Contexts[o.Context].Nodes = nodes
 	data, err := cfg.Bytes()
 	if err != nil {
-		return nil, fmt.Errorf("talosconfig: marshal: %w", err)
+		return nil, fmt.Errorf("marshal: %w", err)
 	}
-	r := newReceipt("talosconfig", c.Version, c.now(), s.Describe())
-	certReceipt(&r, cert)
-	r.Files = []string{o.Out.Dir.Path(o.Out.Name)}
-	r.Details = map[string]string{"roles": strings.Join(roles, ","), "context": o.Context, "endpoints": strings.Join(o.Endpoints, ","), "caFingerprint": pki.CertFingerprint(o.CA)}
-	out := []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o600}, Overwrite: o.Force}}
-	if err := c.writeWithReceipt(receipts, r, out); err != nil {
-		return nil, fmt.Errorf("talosconfig: %w", err)
-	}
-	return &Outcome{Receipt: r, Written: r.Files}, nil
+	return data, nil
 }
 
 // ServerCertOptions configures ServerCert.
@@ -243,28 +280,35 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 	if err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
-	r := newReceipt("server-cert", c.Version, c.now(), s.Describe())
-	certReceipt(&r, cert)
-	r.Files = []string{o.Out.Path(certdir.FileServerKey), o.Out.Path(certdir.FileServerCert)}
-	r.Details = map[string]string{"sans": strings.Join(o.Hosts, ","), "caFingerprint": pki.CertFingerprint(o.CA)}
-	out := []Placed{
-		{Dir: o.Out, File: File{Name: certdir.FileServerKey, Data: keyPEM, Mode: 0o600}, Overwrite: o.Force},
-		{Dir: o.Out, File: File{Name: certdir.FileServerCert, Data: pki.EncodeCertificates(cert), Mode: 0o600}, Overwrite: o.Force},
-	}
-	// In a ceremony directory the Secret manifest is the daemon's cert
-	// dir: keep it in step with the new serving certificate.
-	secret, err := refreshedSecret(o.Out, o.CA, map[string][]byte{certdir.FileServerKey: keyPEM, certdir.FileServerCert: pki.EncodeCertificates(cert)})
+	outputs, err := serverCertOutputs(o, cert, keyPEM)
 	if err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
-	if secret != nil {
-		out = append(out, Placed{Dir: o.Out, File: *secret, Overwrite: true})
-		r.Files = append(r.Files, o.Out.Path(secret.Name))
-	}
-	if err := c.writeWithReceipt(receipts, r, out); err != nil {
+	out, err := c.commitIssue(receipts, issuance{
+		op: "server-cert", key: s.Describe(), cert: cert,
+		details: map[string]string{"sans": strings.Join(o.Hosts, ","), "caFingerprint": pki.CertFingerprint(o.CA)},
+		outputs: outputs,
+	})
+	if err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
-	return cert, &Outcome{Receipt: r, Written: r.Files}, nil
+	return cert, out, nil
+}
+
+// serverCertOutputs are server.key and server.crt in o.Out and, in a
+// ceremony directory, the Secret manifest (the daemon's cert dir) kept in
+// step with them.
+func serverCertOutputs(o ServerCertOptions, cert *x509.Certificate, keyPEM []byte) ([]Placed, error) {
+	crtPEM := pki.EncodeCertificates(cert)
+	out := []Placed{
+		{Dir: o.Out, File: File{Name: certdir.FileServerKey, Data: keyPEM, Mode: 0o600}, Overwrite: o.Force},
+		{Dir: o.Out, File: File{Name: certdir.FileServerCert, Data: crtPEM, Mode: 0o600}, Overwrite: o.Force},
+	}
+	secret, err := refreshedSecret(o.Out, o.CA, map[string][]byte{certdir.FileServerKey: keyPEM, certdir.FileServerCert: crtPEM})
+	if err != nil || secret == nil {
+		return out, err
+	}
+	return append(out, Placed{Dir: o.Out, File: *secret, Overwrite: true}), nil
 }
 
 // refreshedSecret rebuilds kubernetes-secret.yaml of a ceremony directory

@@ -3,11 +3,14 @@ package keystore
 import (
 	"crypto/rand"
 	"errors"
-	"github.com/steward-trustd/steward-trustd/internal/certdir"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
+	"strings"
 	"testing"
 	"time"
 
+	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
 )
@@ -164,6 +167,69 @@ func TestFinishing(t *testing.T) {
 			}
 			if tt.wantFiles > 0 && (len(p.files) != tt.wantFiles || !p.recorded) {
 				t.Errorf("after a recorded finish: files %v, recorded %v", fileNames(p.files), p.recorded)
+			}
+		})
+	}
+}
+
+func TestPlanIssue(t *testing.T) {
+	desc, caPEM := testCA(t)
+	ca, err := pki.ParseCertificate(caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := OSDir{Root: "/nowhere"}
+	is := issuance{
+		op: "server-cert", key: *desc, cert: ca,
+		details: map[string]string{"sans": "10.0.0.1"},
+		outputs: []Placed{
+			{Dir: dir, File: File{Name: certdir.FileServerKey}},
+			{Dir: dir, File: File{Name: certdir.FileServerCert}},
+		},
+	}
+	now := time.Date(2026, 6, 1, 12, 0, 0, 0, time.FixedZone("x", 3600))
+	r := planIssue(is, now, "v1")
+	want := []string{"/nowhere/" + certdir.FileServerKey, "/nowhere/" + certdir.FileServerCert}
+	switch {
+	case r.Operation != "server-cert" || r.ToolVersion != "v1" || !r.Time.Equal(now) || r.Time.Location() != time.UTC:
+		t.Errorf("receipt header %+v", r)
+	case r.KeyFingerprint != desc.Fingerprint || r.CertificateFingerprint != pki.CertFingerprint(ca):
+		t.Errorf("receipt fingerprints %q %q", r.KeyFingerprint, r.CertificateFingerprint)
+	case len(r.Files) != 2 || r.Files[0] != want[0] || r.Files[1] != want[1]:
+		t.Errorf("receipt files %v, want %v (outputs in order)", r.Files, want)
+	case r.Details["sans"] != "10.0.0.1":
+		t.Errorf("receipt details %v", r.Details)
+	}
+}
+
+func TestTalosconfigFile(t *testing.T) {
+	_, caPEM := testCA(t)
+	ca, err := pki.ParseCertificate(caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name      string
+		nodes     []string
+		wantNodes string
+	}{
+		{"nodes default to the endpoints", nil, "10.0.0.1"},
+		{"nodes given", []string{"10.0.0.7"}, "10.0.0.7"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := TalosconfigOptions{CA: ca, Context: "prod", Endpoints: []string{"10.0.0.1"}, Nodes: c.nodes}
+			data, err := talosconfigFile(o, ca, []byte("KEY"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := clientconfig.FromBytes(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := cfg.Contexts["prod"]
+			if cfg.Context != "prod" || ctx == nil || strings.Join(ctx.Nodes, ",") != c.wantNodes || strings.Join(ctx.Endpoints, ",") != "10.0.0.1" {
+				t.Errorf("talosconfig:\n%s", data)
 			}
 		})
 	}

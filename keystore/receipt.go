@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"io"
 	"path"
 	"strings"
 	"time"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 

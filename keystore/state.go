@@ -4,10 +4,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/steward-trustd/steward-trustd/internal/certdir"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"io/fs"
 	"strings"
+
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 )
 
 // clusterFileNames are the files of a ceremony directory an operation

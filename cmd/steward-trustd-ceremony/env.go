@@ -4,8 +4,6 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"fmt"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
-	"github.com/steward-trustd/steward-trustd/signer/tpm"
 	"io"
 	"log/slog"
 	"os"
@@ -14,8 +12,10 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/backends"
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
 )
 
 // environment is what commands take from the process, replaceable in

@@ -15,8 +15,6 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"github.com/steward-trustd/steward-trustd/internal/certdir"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"io"
 	"os"
 	"time"
@@ -24,6 +22,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
 )

@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/base64"
 	"fmt"
-	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"net/netip"
 	"path/filepath"
 	"strconv"
@@ -12,9 +11,9 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/server"
-
 	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 

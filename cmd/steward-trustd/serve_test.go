@@ -10,7 +10,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"io"
 	"log/slog"
 	"net/http"
@@ -27,6 +26,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
 )

@@ -3,8 +3,6 @@ package ceremony_test
 import (
 	"bytes"
 	"errors"
-	"github.com/steward-trustd/steward-trustd/internal/certdir"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -16,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/crashpoint"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 )
 

@@ -11,13 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
-
-	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
 )
 
 // attacker holds connections against the daemon until stopped. Each slot
