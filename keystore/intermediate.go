@@ -65,13 +65,13 @@ func (c *Ceremony) IntermediateRequest(ctx context.Context, d Dir, o Intermediat
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request: sign the request on the device: %w", err)
 	}
-	r, out := planIntermediateRequest(key.Describe(), pki.EncodeCSR(der), o)
-	if err := c.writeWithReceipt(d, r, out); err != nil {
+	out, err := c.commitIssue(d, planIntermediateRequest(key.Describe(), pki.EncodeCSR(der), o))
+	if err != nil {
 		return nil, fmt.Errorf("intermediate request: %w", err)
 	}
-	return &Outcome{Receipt: r, Written: r.Files, Resumed: resumed, Notes: []string{
-		"take the request to the root's host and run `steward-trustd-ceremony intermediate sign --csr " + o.Out.Dir.Path(o.Out.Name) + " ...`",
-	}}, nil
+	out.Resumed = resumed
+	out.Notes = []string{"take the request to the root's host and run `steward-trustd-ceremony intermediate sign --csr " + o.Out.Dir.Path(o.Out.Name) + " ...`"}
+	return out, nil
 }
 
 // intermediateKey returns the node's key: created (or resumed) under the
@@ -94,12 +94,12 @@ func (c *Ceremony) intermediateKey(ctx context.Context, d Dir, o IntermediateReq
 	return key, append(st.cleaned, resumed...), err
 }
 
-// planIntermediateRequest is the request's receipt and output.
-func planIntermediateRequest(key signer.Description, csrPEM []byte, o IntermediateRequestOptions) (Receipt, []Placed) {
-	r := newReceipt(opIntermediateRequest, "", time.Time{}, key)
-	r.Files = []string{o.Out.Dir.Path(o.Out.Name)}
-	r.Details = map[string]string{"name": o.Name}
-	return r, []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: csrPEM, Mode: 0o644}, Overwrite: true}}
+// planIntermediateRequest is the request's output and receipt content.
+func planIntermediateRequest(key signer.Description, csrPEM []byte, o IntermediateRequestOptions) issuance {
+	return issuance{
+		op: opIntermediateRequest, key: key, details: map[string]string{"name": o.Name},
+		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: csrPEM, Mode: 0o644}, Overwrite: true}},
+	}
 }
 
 // IntermediateSignOptions configures IntermediateSign.
@@ -146,24 +146,23 @@ func (c *Ceremony) IntermediateSign(ctx context.Context, receipts Dir, o Interme
 	if err != nil {
 		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
 	}
-	r, out := planIntermediateSign(s.Describe(), cert, o)
-	if err := c.writeWithReceipt(receipts, r, out); err != nil {
+	out, err := c.commitIssue(receipts, planIntermediateSign(s.Describe(), cert, o))
+	if err != nil {
 		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
 	}
-	return cert, &Outcome{Receipt: r, Written: r.Files, Notes: []string{
-		"put " + o.Out.Dir.Path(o.Out.Name) + " into the node's cert dir as issuer.crt (or $TRUSTD_ISSUER_CRT); the daemon reloads it",
-	}}, nil
+	out.Notes = []string{"put " + o.Out.Dir.Path(o.Out.Name) + " into the node's cert dir as issuer.crt (or $TRUSTD_ISSUER_CRT); the daemon reloads it"}
+	return cert, out, nil
 }
 
-// planIntermediateSign is the signing's receipt and output.
-func planIntermediateSign(root signer.Description, cert *x509.Certificate, o IntermediateSignOptions) (Receipt, []Placed) {
-	r := newReceipt(opIntermediateSign, "", time.Time{}, root)
-	certReceipt(&r, cert)
-	r.Files = []string{o.Out.Dir.Path(o.Out.Name)}
+// planIntermediateSign is the signing's output and receipt content.
+func planIntermediateSign(root signer.Description, cert *x509.Certificate, o IntermediateSignOptions) issuance {
 	var ranges []string
 	for _, n := range o.PermittedIPRanges {
 		ranges = append(ranges, n.String())
 	}
-	r.Details = map[string]string{"caFingerprint": pki.CertFingerprint(o.CA), "permittedIPRanges": strings.Join(ranges, ","), "eku": pki.DescribeEKU(cert)}
-	return r, []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}}
+	return issuance{
+		op: opIntermediateSign, key: root, cert: cert,
+		details: map[string]string{"caFingerprint": pki.CertFingerprint(o.CA), "permittedIPRanges": strings.Join(ranges, ","), "eku": pki.DescribeEKU(cert)},
+		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
+	}
 }

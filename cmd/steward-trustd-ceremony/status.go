@@ -4,7 +4,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 )
 
