@@ -73,7 +73,10 @@ func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	if err != nil {
 		return nil, Digest{}, fmt.Errorf("issuer chain: %w", err)
 	}
-	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, IssuerChain: issuer}
+	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, IssuerChain: issuer, IssuerSource: filepath.Join(d.Dir, certdir.FileIssuerChain)}
+	if d.IssuerChain != nil {
+		files.IssuerSource = "$TRUSTD_ISSUER_CRT"
+	}
 	c, err := LoadCredentials(files, d.SignerPublic, clockOrDefault(d.Clock)())
 	return c, h.sum(), err
 }

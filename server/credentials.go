@@ -40,6 +40,9 @@ type CredentialFiles struct {
 	// IssuerChain is issuer.crt, the signing key's chain up to (without)
 	// a CA of CACert/AcceptedCAs.
 	IssuerChain []byte
+	// IssuerSource names where IssuerChain came from in messages; empty
+	// means issuer.crt.
+	IssuerSource string
 }
 
 // NewCredentials checks and assembles single-tier credentials: the
@@ -79,7 +82,10 @@ func LoadCredentials(f CredentialFiles, pub crypto.PublicKey, now time.Time) (*C
 		err = pki.CheckIssuerChain(c.chain, cas, pub, now)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("issuer chain (%s): %w", certdir.FileIssuerChain, err)
+		if f.IssuerSource == "" {
+			f.IssuerSource = certdir.FileIssuerChain
+		}
+		return nil, fmt.Errorf("issuer chain (%s): %w", f.IssuerSource, err)
 	}
 	c.chainPEM = pki.EncodeCertificates(c.chain...)
 	return c, nil

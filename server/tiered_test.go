@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -204,4 +205,66 @@ func mustParse(t *testing.T, der []byte) *x509.Certificate {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestSelfIssuerFollowsIssuerChain: a new issuer.crt makes the
+// self-issued serving certificate due, so its served chain follows.
+func TestSelfIssuerFollowsIssuerChain(t *testing.T) {
+	tt := newTestTier(t, nil)
+	creds, err := LoadCredentials(tt.files(), tt.inter.signer.Public(), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := creds
+	si := &SelfIssuer{Holder: &CertHolder{}, Signer: tt.inter.signer, Credentials: func() *Credentials { return cur },
+		Hosts: func() ([]string, error) { return []string{"127.0.0.1", "192.0.2.1"}, nil }}
+	if err := si.Issue(); err != nil {
+		t.Fatal(err)
+	}
+	if si.NeedsRenewal() {
+		t.Fatal("a fresh certificate is due")
+	}
+	_, ranges, _ := net.ParseCIDR("127.0.0.0/8")
+	renewed, err := pki.NewIntermediateCertificate(tt.root.cert, tt.root.signer, tt.inter.signer.Public(), pki.IntermediateOptions{PermittedIPRanges: []*net.IPNet{ranges}}, time.Now(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := tt.files()
+	f.IssuerChain = pki.EncodeCertificates(renewed)
+	if cur, err = LoadCredentials(f, tt.inter.signer.Public(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !si.NeedsRenewal() {
+		t.Fatal("a new issuer chain does not make the serving certificate due")
+	}
+	if err := si.Issue(); err != nil {
+		t.Fatal(err)
+	}
+	leaf := si.Holder.Get().Leaf
+	if len(leaf.IPAddresses) != 1 || !leaf.IPAddresses[0].Equal(net.ParseIP("127.0.0.1")) {
+		t.Errorf("serving IPs %v: an address outside the name constraints was kept", leaf.IPAddresses)
+	}
+}
+
+func TestIssuerExpiryMetric(t *testing.T) {
+	tt := newTestTier(t, nil)
+	creds, err := LoadCredentials(tt.files(), tt.inter.signer.Public(), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(Config{Signer: tt.inter.signer, Credentials: creds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	now := time.Now()
+	RegisterIssuerExpiry(reg, svc, func() time.Time { return now })
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 || mfs[0].GetName() != "trustd_issuer_expiry_seconds" {
+		t.Fatalf("gathered %v, %v", mfs, err)
+	}
+	want := tt.inter.cert.NotAfter.Sub(now).Seconds()
+	if got := mfs[0].GetMetric()[0].GetGauge().GetValue(); got != want {
+		t.Errorf("issuer expiry %v, want %v (the intermediate's, not the root's)", got, want)
+	}
 }
