@@ -44,10 +44,7 @@ func intermediateRequestCmd(env *environment, stdout, stderr io.Writer) *cobra.C
 				return err
 			}
 			var err error
-			if o.Algorithm, err = parseAlgorithm(k.algorithm); err != nil {
-				return err
-			}
-			if o.SignerURI, err = withPCRs(o.SignerURI, k.pcrs); err != nil {
+			if o.SignerURI, o.Algorithm, err = k.key(o.SignerURI); err != nil {
 				return err
 			}
 			if o.Out, err = outTarget(out); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/signer"
 )
 
 // keyFlags are the flags of commands that create a key.
@@ -22,6 +23,16 @@ type keyFlags struct {
 func (k *keyFlags) register(cmd *cobra.Command, algUsage, pcrsUsage string) {
 	cmd.Flags().StringVar(&k.algorithm, "algorithm", "p256", algUsage)
 	cli.PCRsVar(cmd.Flags(), &k.pcrs, "pcrs", pcrsUsage)
+}
+
+// key parses --algorithm and binds uri to --pcrs (tpm: only).
+func (k *keyFlags) key(uri string) (string, signer.Algorithm, error) {
+	alg, err := parseAlgorithm(k.algorithm)
+	if err != nil {
+		return "", "", err
+	}
+	uri, err = withPCRs(uri, k.pcrs)
+	return uri, alg, err
 }
 
 func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -36,10 +47,7 @@ func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			var err error
-			if o.Algorithm, err = parseAlgorithm(k.algorithm); err != nil {
-				return err
-			}
-			if o.SignerURI, err = withPCRs(o.SignerURI, k.pcrs); err != nil {
+			if o.SignerURI, o.Algorithm, err = k.key(o.SignerURI); err != nil {
 				return err
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
@@ -164,10 +172,7 @@ chain as the daemon will and makes it issuer.crt; then restart the daemon on the
 				return rotateFinish(cmd, env, stdout, stderr, d, o.NewSignerURI, intermediate)
 			}
 			var err error
-			if o.Algorithm, err = parseAlgorithm(k.algorithm); err != nil {
-				return err
-			}
-			if o.NewSignerURI, err = withPCRs(o.NewSignerURI, k.pcrs); err != nil {
+			if o.NewSignerURI, o.Algorithm, err = k.key(o.NewSignerURI); err != nil {
 				return err
 			}
 			if intermediate {
