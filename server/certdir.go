@@ -25,6 +25,10 @@ type CertDir struct {
 	// Token, CACert and IssuerChain, when non-nil, replace the token,
 	// os-ca.crt and issuer.crt files.
 	Token, CACert, IssuerChain []byte
+	// IssuerFile, if set, is read instead of <Dir>/issuer.crt (and must
+	// exist): replicas sharing one Secret each pick their own chain, e.g.
+	// /etc/steward-trustd/nodes/$(NODE_NAME).crt.
+	IssuerFile string
 	// SignerPublic is the signer's key, which issuer.crt's first
 	// certificate (or, without issuer.crt, os-ca.crt) must hold.
 	SignerPublic crypto.PublicKey
@@ -69,16 +73,29 @@ func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	if err != nil {
 		return nil, Digest{}, fmt.Errorf("accepted CAs: %w", err)
 	}
-	issuer, err := d.read(certdir.FileIssuerChain, d.IssuerChain, true, &h)
+	issuer, source, err := d.readIssuer(&h)
 	if err != nil {
 		return nil, Digest{}, fmt.Errorf("issuer chain: %w", err)
 	}
-	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, IssuerChain: issuer, IssuerSource: filepath.Join(d.Dir, certdir.FileIssuerChain)}
-	if d.IssuerChain != nil {
-		files.IssuerSource = "$TRUSTD_ISSUER_CRT"
-	}
+	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, IssuerChain: issuer, IssuerSource: source}
 	c, err := LoadCredentials(files, d.SignerPublic, clockOrDefault(d.Clock)())
 	return c, h.sum(), err
+}
+
+// readIssuer reads the issuer chain: inline, from IssuerFile (required),
+// or <Dir>/issuer.crt (optional). It returns its source for messages.
+func (d CertDir) readIssuer(h *digestBuilder) ([]byte, string, error) {
+	switch {
+	case d.IssuerChain != nil:
+		h.add(certdir.FileIssuerChain, d.IssuerChain)
+		return d.IssuerChain, "$TRUSTD_ISSUER_CRT", nil
+	case d.IssuerFile != "":
+		b, err := os.ReadFile(d.IssuerFile)
+		h.add(certdir.FileIssuerChain, b)
+		return b, d.IssuerFile, err
+	}
+	b, err := d.read(certdir.FileIssuerChain, nil, true, h)
+	return b, filepath.Join(d.Dir, certdir.FileIssuerChain), err
 }
 
 // ServingCert reads server.crt and server.key; it returns nil, nil when

@@ -268,3 +268,24 @@ func TestIssuerExpiryMetric(t *testing.T) {
 		t.Errorf("issuer expiry %v, want %v (the intermediate's, not the root's)", got, want)
 	}
 }
+
+// TestIssuerFile: replicas sharing one Secret name their own chain; a
+// missing one is an error naming it, never a silent single-tier start.
+func TestIssuerFile(t *testing.T) {
+	tt := newTestTier(t, nil)
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{certdir.FileToken: []byte(testToken), certdir.FileCACert: tt.root.pem, "node-a.crt": tt.inter.pem} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cd := CertDir{Dir: dir, IssuerFile: filepath.Join(dir, "node-a.crt"), SignerPublic: tt.inter.signer.Public()}
+	c, _, err := cd.Credentials()
+	if err != nil || !c.Issuer().Equal(tt.inter.cert) {
+		t.Fatalf("issuer from IssuerFile: %v", err)
+	}
+	cd.IssuerFile = filepath.Join(dir, "node-b.crt")
+	if _, _, err := cd.Credentials(); err == nil || !strings.Contains(err.Error(), "node-b.crt") {
+		t.Errorf("missing issuer file: %v", err)
+	}
+}

@@ -35,6 +35,7 @@ func settings() []setting {
 		{"token", "TRUSTD_TOKEN", "worker tokens (machine.token), comma-separated, all valid; prefer the token file in the cert dir (one per line)", true},
 		{"os-ca-crt", "TRUSTD_OS_CA_CRT", "base64 PEM of the OS CA certificate (default: <cert-dir>/os-ca.crt)", false},
 		{"issuer-crt", "TRUSTD_ISSUER_CRT", "base64 PEM of the signing key's certificate chain, its own (intermediate) certificate first, the root excluded: the tiered setup (default: <cert-dir>/issuer.crt if present)", false},
+		{"issuer-crt-file", "TRUSTD_ISSUER_CRT_FILE", "path of the issuer chain file instead of <cert-dir>/issuer.crt, e.g. /etc/steward-trustd/nodes/$(NODE_NAME).crt when replicas share one Secret; must exist", false},
 		{"os-ca-key", "TRUSTD_OS_CA_KEY", "base64 PEM of the OS CA key, held in memory (file signer only; prefer --signer)", true},
 		{"server-crt", "TRUSTD_SERVER_CRT", "base64 PEM of the serving certificate (default: <cert-dir>/server.crt, else self-issued)", false},
 		{"server-key", "TRUSTD_SERVER_KEY", "base64 PEM of the serving key (default: <cert-dir>/server.key)", true},
@@ -101,20 +102,21 @@ func resolve(fs *pflag.FlagSet, getenv func(string) (string, bool)) lookup {
 
 // config is the daemon's validated configuration.
 type config struct {
-	listen   string
-	tenant   string
-	debug    bool
-	certDir  string
-	signer   string
-	inlineCA []byte // OS CA key held in memory (TRUSTD_OS_CA_KEY), file signer only
-	caPEM    []byte // inline CA certificate; nil means <cert-dir>/os-ca.crt
-	issuer   []byte // inline issuer chain; nil means <cert-dir>/issuer.crt if present
-	token    []byte // inline token; nil means <cert-dir>/token
-	srvCrt   []byte
-	srvKey   []byte
-	certSANs []string
-	allowed  []netip.Prefix
-	peerIP   bool
+	listen     string
+	tenant     string
+	debug      bool
+	certDir    string
+	signer     string
+	inlineCA   []byte // OS CA key held in memory (TRUSTD_OS_CA_KEY), file signer only
+	caPEM      []byte // inline CA certificate; nil means <cert-dir>/os-ca.crt
+	issuer     []byte // inline issuer chain; nil means issuerFile, else <cert-dir>/issuer.crt if present
+	issuerFile string
+	token      []byte // inline token; nil means <cert-dir>/token
+	srvCrt     []byte
+	srvKey     []byte
+	certSANs   []string
+	allowed    []netip.Prefix
+	peerIP     bool
 
 	healthAddr     string
 	rates          server.RateLimits
@@ -195,6 +197,9 @@ func loadInline(c *config, get lookup) error {
 		if *b.dst, err = base64Setting(get, b.name); err != nil {
 			return err
 		}
+	}
+	if c.issuerFile, _ = get("issuer-crt-file"); c.issuerFile != "" && c.issuer != nil {
+		return bad("issuer-crt-file", "an issuer chain file contradicts TRUSTD_ISSUER_CRT; use one or the other")
 	}
 	if (c.srvCrt == nil) != (c.srvKey == nil) {
 		return bad("server-key", "the serving certificate and key must be given together (TRUSTD_SERVER_CRT and TRUSTD_SERVER_KEY)")
