@@ -3,6 +3,7 @@ package server
 import (
 	"crypto"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"time"
 
@@ -133,8 +134,8 @@ func (c *Credentials) Pool() *x509.CertPool { return c.pool }
 // withChain returns the PEM of leaf followed by the issuer chain: a
 // worker's apid serves the response's `crt` whole (tls.X509KeyPair keeps
 // every block), so talosctl can build the path to the root.
-func (c *Credentials) withChain(leaf *x509.Certificate) []byte {
-	return append(pki.EncodeCertificates(leaf), c.chainPEM...)
+func (c *Credentials) withChain(leafDER []byte) []byte {
+	return append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leafDER}), c.chainPEM...)
 }
 
 // mismatch reports an os-ca.crt that is not the signer's key's, naming

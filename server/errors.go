@@ -57,6 +57,7 @@ func classify(err error) class {
 		polErr    *policyError
 		authErr   *authError
 		limErr    *limitError
+		satErr    *saturatedError
 		signerErr *signError
 		sizeErr   *oversizeError
 	)
@@ -73,6 +74,8 @@ func classify(err error) class {
 		return class{codes.ResourceExhausted, "request too large", "denied_oversized"}
 	case errors.As(err, &limErr):
 		return class{codes.ResourceExhausted, limErr.reason, "denied_rate_limit"}
+	case errors.As(err, &satErr):
+		return class{codes.ResourceExhausted, "certificate signer saturated: it cannot serve this request before its deadline; your place in line is kept, retry", "denied_saturated"}
 	case errors.Is(err, context.DeadlineExceeded):
 		return class{codes.DeadlineExceeded, "deadline exceeded", "error"}
 	case errors.Is(err, context.Canceled):

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"io"
+	"runtime"
 	"time"
 
 	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
@@ -63,6 +64,11 @@ func serverOptions(svc *Service, tlsCfg *tls.Config, lim ConnLimits) []grpc.Serv
 		// own is the backstop for servers without one.
 		grpc.ConnectionTimeout(lim.HandshakeTimeout + time.Second),
 		grpc.MaxConcurrentStreams(16),
+		// Reuse handler goroutines, whose stacks have grown to what the
+		// CSR check and signing need, instead of a fresh one per request
+		// (stack growth was ~4 % of the file path's CPU). Requests beyond
+		// the pool still get their own goroutine.
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionIdle:     lim.IdleTimeout,
 			MaxConnectionAge:      maxConnectionAge,

@@ -167,7 +167,7 @@ func prefixesContain(ps []netip.Prefix, a netip.Addr) bool {
 // profile, pki.NewWorkerCertificate: subject without Organization, the
 // CSR's DNS and IP SANs only, EKU exactly [ServerAuth], the signature
 // algorithm of the CA key, validity clamped to the CA's.
-func Issue(r *Request, ca *x509.Certificate, key crypto.Signer, validity time.Duration, now time.Time, rnd io.Reader) (*x509.Certificate, error) {
+func Issue(r *Request, ca *x509.Certificate, key crypto.Signer, validity time.Duration, now time.Time, rnd io.Reader) (*pki.Issued, error) {
 	cert, err := pki.NewWorkerCertificate(ca, key, pki.WorkerRequest{Subject: r.Subject, DNSNames: r.DNSNames, IPs: r.IPs, PublicKey: r.CSR.PublicKey}, validity, now, rnd)
 	if err != nil {
 		return nil, fmt.Errorf("worker certificate: %w", err)

@@ -45,9 +45,16 @@ func TestIssueProfile(t *testing.T) {
 				t.Fatal(err)
 			}
 			now := time.Now()
-			cert, err := Issue(req, ca.cert, ca.signer, 24*time.Hour, now, rand.Reader)
+			issued, err := Issue(req, ca.cert, ca.signer, 24*time.Hour, now, rand.Reader)
 			if err != nil {
 				t.Fatal(err)
+			}
+			cert, err := x509.ParseCertificate(issued.Raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cert.SerialNumber.Cmp(issued.SerialNumber) != 0 || !cert.NotAfter.Equal(issued.NotAfter) {
+				t.Errorf("Issued reports serial %x not after %v; the certificate has %x, %v", issued.SerialNumber, issued.NotAfter, cert.SerialNumber, cert.NotAfter)
 			}
 			if len(cert.Subject.Organization) != 0 {
 				t.Errorf("Organization not stripped: %v", cert.Subject.Organization)

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"net/netip"
 	"sync"
 	"time"
@@ -27,14 +26,15 @@ type RateLimits struct {
 	// is slowed down (default 5).
 	BadTokenBurst int
 	// MaxSignerQueue is the hard bound on requests holding or waiting for
-	// the signer; beyond it requests get ResourceExhausted at once
-	// (default 1024).
+	// the signer; beyond it the request whose worker was seen last gets
+	// ResourceExhausted at once (default 1024).
 	MaxSignerQueue int
-	// MaxSignerWait sizes the signer queue to the device: at most as many
-	// requests are admitted as the signer, at its measured rate, serves
-	// within this time, so that nobody queues past a worker's 10 s attempt
-	// on a slow TPM chip while swtpm or an HSM gets a deep queue
-	// (default 2s; never fewer than 16 requests).
+	// MaxSignerWait is the deadline of a request that carries none. A
+	// request waits for the signer in line until its deadline, the
+	// client's gRPC deadline (a Talos worker's attempt: 10 s) or, without
+	// one, arrival plus this (default 2s); it reaches the device only if
+	// it can finish by then, and is answered ResourceExhausted just before
+	// it otherwise.
 	MaxSignerWait time.Duration
 	// MaxPeers bounds the addresses tracked; idle ones are forgotten first
 	// (default 65536).
@@ -70,7 +70,7 @@ func (r RateLimits) withDefaults() RateLimits {
 type limiter struct {
 	cfg  RateLimits
 	now  func() time.Time
-	gate signerGate
+	gate *signerGate
 
 	mu    sync.Mutex
 	peers map[netip.Addr]*peerLimits
@@ -85,7 +85,7 @@ type peerLimits struct {
 func newLimiter(cfg RateLimits, now func() time.Time) *limiter {
 	cfg = cfg.withDefaults()
 	l := &limiter{cfg: cfg, now: now, peers: map[netip.Addr]*peerLimits{}}
-	l.gate = signerGate{max: cfg.MaxSignerQueue, wait: cfg.MaxSignerWait, now: now}
+	l.gate = newSignerGate(cfg.MaxSignerQueue, cfg.MaxSignerWait, now)
 	return l
 }
 
@@ -163,81 +163,4 @@ func (l *limiter) wrongToken(a netip.Addr, authErr error) error {
 		return &limitError{reason: "too many requests with a wrong token from this address; fix the token (machine.token) and retry in a few seconds"}
 	}
 	return authErr
-}
-
-// acquireSigner admits a request to the signer or refuses it at once: a
-// slow TPM must shed load, never build an unbounded queue.
-func (l *limiter) acquireSigner(ctx context.Context) (release func(), err error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return l.gate.acquire()
-}
-
-// minSignerQueue keeps the device busy (and so its rate measurable) even
-// before anything is known about it.
-const minSignerQueue = 16
-
-// signerGate bounds the requests holding or waiting for the signer to
-// what it serves within wait at its measured rate, and never more than
-// max. The rate comes from Little's law over recent requests: the mean
-// number in the gate divided by the mean time spent in it.
-type signerGate struct {
-	max  int
-	wait time.Duration
-	now  func() time.Time
-
-	mu        sync.Mutex
-	inflight  int
-	meanCount float64 // EWMA of requests in the gate, sampled as each leaves
-	meanHeld  float64 // EWMA of seconds each spent in the gate
-}
-
-// ewmaWeight is the weight of a new sample: about the last 20 requests.
-const ewmaWeight = 0.05
-
-func (g *signerGate) limitLocked() int {
-	n := minSignerQueue
-	if g.meanHeld > 0 {
-		n = int(g.meanCount / g.meanHeld * g.wait.Seconds())
-	}
-	if n < minSignerQueue {
-		n = minSignerQueue
-	}
-	if n > g.max {
-		n = g.max
-	}
-	return n
-}
-
-func (g *signerGate) acquire() (func(), error) {
-	g.mu.Lock()
-	if g.inflight >= g.limitLocked() {
-		g.mu.Unlock()
-		return nil, &limitError{reason: "signer busy; retry later"}
-	}
-	g.inflight++
-	g.mu.Unlock()
-	start := g.now()
-	return func() { g.release(g.now().Sub(start)) }, nil
-}
-
-func (g *signerGate) release(held time.Duration) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	count, secs := float64(g.inflight), held.Seconds()
-	if g.meanHeld == 0 {
-		g.meanCount, g.meanHeld = count, secs
-	} else {
-		g.meanCount += ewmaWeight * (count - g.meanCount)
-		g.meanHeld += ewmaWeight * (secs - g.meanHeld)
-	}
-	g.inflight--
-}
-
-// signerQueueLimit reports how many requests the signer gate admits now.
-func (l *limiter) signerQueueLimit() int {
-	l.gate.mu.Lock()
-	defer l.gate.mu.Unlock()
-	return l.gate.limitLocked()
 }

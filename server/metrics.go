@@ -28,6 +28,7 @@ type Metrics struct {
 	connsLimit     *prometheus.GaugeVec
 	connsAbandoned *prometheus.CounterVec
 	backend        string
+	gate           *gateMetrics
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -38,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 			Name: "trustd_certificates_issued_total", Help: "Worker serving certificates issued.",
 		}),
 		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "trustd_requests_denied_total", Help: "Certificate requests refused, by reason (auth, policy, bad_csr, oversized, rate_limit, signer, other).",
+			Name: "trustd_requests_denied_total", Help: "Certificate requests refused, by reason (auth, policy, bad_csr, oversized, rate_limit, saturated, signer, other).",
 		}, []string{"reason"}),
 		signerLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "trustd_signer_duration_seconds",
@@ -61,7 +62,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 			Name: "trustd_reloads_total", Help: "Reloads of the cert dir, by file set and result (ok, error).",
 		}, []string{"what", "result"}),
 		signerInflight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "trustd_signer_inflight", Help: "Requests holding or waiting for the signer.",
+			Name: "trustd_signer_inflight", Help: "Requests holding the signer (those waiting in line: trustd_signer_queued).",
 		}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "trustd_signer_ready", Help: "1 when the signer signed successfully recently, else 0.",
@@ -75,7 +76,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	m.signerInfo.WithLabelValues(backend, ext).Set(1)
 	// Every label value an alert rule uses exists from the start at 0,
 	// so that increase() sees the first event.
-	initLabels(m.denied, "auth", "policy", "bad_csr", "oversized", "rate_limit", "signer", "other")
+	initLabels(m.denied, "auth", "policy", "bad_csr", "oversized", "rate_limit", "saturated", "signer", "other")
 	for _, what := range []string{"credentials", "serving"} {
 		initLabels(m.reloads.MustCurryWith(prometheus.Labels{"what": what}), "ok", "error")
 	}
@@ -85,6 +86,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	reg.MustRegister(m.issued, m.denied, m.signerLatency, m.signerErrors, m.caExpiry, m.servingExpiry,
 		m.signerInfo, m.reloads, m.signerInflight, m.ready, m.connsOpen, m.connsRefused, m.connsClosed,
 		m.streamsReset, m.tokenUsed, m.connsLimit, m.connsAbandoned)
+	m.gate = newGateMetrics(reg)
 	return m
 }
 
@@ -147,6 +149,8 @@ func (m *Metrics) observeOutcome(o string) {
 		m.denied.WithLabelValues("policy").Inc()
 	case "denied_rate_limit":
 		m.denied.WithLabelValues("rate_limit").Inc()
+	case "denied_saturated":
+		m.denied.WithLabelValues("saturated").Inc()
 	case "signer_error":
 		m.denied.WithLabelValues("signer").Inc()
 	default:

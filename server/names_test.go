@@ -2,6 +2,7 @@ package server
 
 import (
 	"crypto/rand"
+	"crypto/x509"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +35,11 @@ func TestWorkerNames(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", tt.name, err)
 		}
-		cert, err := Issue(req, ca.cert, ca.signer, time.Hour, time.Now(), rand.Reader)
+		issued, err := Issue(req, ca.cert, ca.signer, time.Hour, time.Now(), rand.Reader)
+		if err != nil {
+			t.Fatalf("%q: %v", tt.name, err)
+		}
+		cert, err := x509.ParseCertificate(issued.Raw)
 		if err != nil || len(cert.DNSNames) != 1 || cert.DNSNames[0] != tt.name {
 			t.Errorf("%q: issued %v, %v", tt.name, cert.DNSNames, err)
 		}

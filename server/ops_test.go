@@ -2,9 +2,7 @@ package server
 
 import (
 	"context"
-	"crypto"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -131,63 +129,6 @@ func TestBadTokenSlowdown(t *testing.T) {
 				t.Fatalf("right token at the end: %v", err)
 			}
 		})
-	}
-}
-
-// gateSigner blocks every Sign until released.
-type gateSigner struct {
-	signer.Signer
-	entered chan struct{}
-	release chan struct{}
-}
-
-func (g *gateSigner) Sign(r io.Reader, d []byte, o crypto.SignerOpts) ([]byte, error) {
-	g.entered <- struct{}{}
-	<-g.release
-	return g.Signer.Sign(r, d, o)
-}
-
-func TestBoundedSignerQueue(t *testing.T) {
-	ca := newTestCA(t, signer.ECDSAP256)
-	gate := &gateSigner{Signer: ca.signer, entered: make(chan struct{}, 16), release: make(chan struct{})}
-	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg, "file", true)
-	svc, err := New(Config{Signer: gate, Credentials: ca.credentials(t, testToken), Metrics: m,
-		RateLimits: RateLimits{MaxSignerQueue: 2, PerPeerRate: -1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := &securityapi.CertificateRequest{Csr: makeCSR(t, csrSpec{key: newKey(t, "p256"), dns: []string{"w"}})}
-	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	for i := 0; i < 2; i++ {
-		wg.Add(1)
-		go func() { defer wg.Done(); _, err := svc.Certificate(ctxFrom("10.0.0.1"), req); errs <- err }()
-	}
-	<-gate.entered
-	<-gate.entered
-	start := time.Now()
-	for i := 0; i < 5; i++ {
-		if _, err := svc.Certificate(ctxFrom("10.0.0.1"), req); status.Code(err) != codes.ResourceExhausted {
-			t.Fatalf("request over the bound: %v, want ResourceExhausted", err)
-		}
-	}
-	if waited := time.Since(start); waited > 2*time.Second {
-		t.Fatalf("shed requests waited %v; they must fail at once", waited)
-	}
-	if got := testutil.ToFloat64(m.signerInflight); got != 2 {
-		t.Fatalf("inflight gauge %v, want 2", got)
-	}
-	close(gate.release)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got := testutil.ToFloat64(m.denied.WithLabelValues("rate_limit")); got != 5 {
-		t.Fatalf("rate_limit denials %v, want 5", got)
 	}
 }
 
@@ -456,62 +397,5 @@ func TestReloadServingCert(t *testing.T) {
 	rl.Check()
 	if got := holder.Get().Leaf.DNSNames[0]; got != "two.example" {
 		t.Fatalf("serving certificate %s after reload, want two.example", got)
-	}
-}
-
-func TestSignerGateAdapts(t *testing.T) {
-	clk := newFakeClock()
-	cases := []struct {
-		name      string
-		service   time.Duration // per request, device serialized
-		wantLimit int
-	}{
-		{"real TPM chip, 20/s", 50 * time.Millisecond, 40},           // 20/s x 2s
-		{"swtpm, 400/s", 2500 * time.Microsecond, 800},               // 400/s x 2s
-		{"fast HSM, capped", 100 * time.Microsecond, 1024},           // 10000/s x 2s, capped
-		{"very slow, floor", 500 * time.Millisecond, minSignerQueue}, // 2/s x 2s = 4
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			l := newLimiter(RateLimits{}, clk.now)
-			if got := l.signerQueueLimit(); got != minSignerQueue {
-				t.Fatalf("initial limit %d, want %d", got, minSignerQueue)
-			}
-			// Keep 8 requests queued on a serialized device: each leaves
-			// after waiting for the 8 ahead of it.
-			for i := 0; i < 200; i++ {
-				var releases []func()
-				for j := 0; j < 8; j++ {
-					rel, err := l.acquireSigner(context.Background())
-					if err != nil {
-						t.Fatal(err)
-					}
-					releases = append(releases, rel)
-				}
-				for _, rel := range releases {
-					clk.add(c.service)
-					rel()
-				}
-			}
-			got := l.signerQueueLimit()
-			if got < c.wantLimit*8/10 || got > c.wantLimit*12/10 {
-				t.Fatalf("limit %d, want about %d", got, c.wantLimit)
-			}
-			// Admission follows the limit.
-			var held []func()
-			for {
-				rel, err := l.acquireSigner(context.Background())
-				if err != nil {
-					if !isLimit(err) {
-						t.Fatal(err)
-					}
-					break
-				}
-				held = append(held, rel)
-			}
-			if len(held) != got {
-				t.Fatalf("admitted %d, limit %d", len(held), got)
-			}
-		})
 	}
 }

@@ -7,7 +7,6 @@ package server
 import (
 	"context"
 	"crypto/rand"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -111,6 +111,7 @@ func New(cfg Config) (*Service, error) {
 	s.creds.Store(cfg.Credentials)
 	s.signerState.log = s.log
 	s.limiter = newLimiter(cfg.RateLimits, s.now)
+	s.limiter.gate.observe(s.log, s.metrics, cfg.Signer.Describe().Backend)
 	s.metrics.SetCAExpiry(cfg.Credentials.CA().NotAfter, s.now())
 	s.metrics.SetTokenCount(cfg.Credentials.Tokens())
 	return s, nil
@@ -144,8 +145,8 @@ func (s *Service) Certificate(ctx context.Context, req *securityapi.CertificateR
 // issue signs through the signer gate. The gate slot and the in-flight
 // gauge are released by defer: a panicking backend (answered Internal by
 // the recovery interceptor) must not leak a slot each time.
-func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*x509.Certificate, error) {
-	release, err := s.limiter.acquireSigner(ctx)
+func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*pki.Issued, error) {
+	release, err := s.limiter.acquireSigner(ctx, lineKey(r))
 	if err != nil {
 		return nil, err
 	}
@@ -154,6 +155,7 @@ func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*x
 	defer s.metrics.inflight(-1)
 	t0 := s.now()
 	cert, err := Issue(r, creds.Issuer(), s.signer, s.limits.Validity, s.now(), s.rand)
+	s.metrics.observeLate(ctx, err)
 	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
 	s.signerState.observe(err)
 	if s.readiness != nil {
@@ -185,7 +187,7 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	rec.notAfter = cert.NotAfter
 	return &securityapi.CertificateResponse{
 		Ca:  creds.bundle,
-		Crt: creds.withChain(cert),
+		Crt: creds.withChain(cert.Raw),
 	}, nil
 }
 
@@ -260,20 +262,21 @@ type auditRecord struct {
 }
 
 func (s *Service) writeAudit(ctx context.Context, rec auditRecord, err error) {
-	attrs := []slog.Attr{
+	attrs := make([]slog.Attr, 0, 14) // every attribute below: one allocation
+	attrs = append(attrs,
 		slog.String("event", "certificate_request"),
 		slog.String("outcome", outcome(err)),
 		slog.String("peer", rec.peer.String()),
 		slog.Int("csr_bytes", rec.csrBytes),
 		slog.Float64("duration_ms", float64(rec.duration.Microseconds())/1000),
-	}
+	)
 	if s.tenant != "" {
 		attrs = append(attrs, slog.String("tenant", s.tenant))
 	}
 	if r := rec.request; r != nil {
 		attrs = append(attrs,
 			slog.String("subject", r.Subject.String()),
-			slog.Any("sans", r.Requested),
+			slog.Any("sans", sanList(r.Requested)),
 			slog.String("key_type", r.KeyType),
 			slog.String("csr_sha256", r.SHA256),
 		)

@@ -2,10 +2,8 @@ package tpmsim
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -15,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
 
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/tpmsim/relay"
 )
 
 // SwtpmOptions configures StartSwtpm.
@@ -29,13 +29,17 @@ type SwtpmOptions struct {
 	// port the harness holds, so there is no port race) instead of a unix
 	// socket.
 	TCP bool
+	// Latency makes the TPM slow: it is added to every command with that
+	// code (e.g. tpm2.TPMCCSign: 60 * time.Millisecond for a discrete
+	// chip), spent while the TPM is held.
+	Latency map[tpm2.TPMCC]time.Duration
 }
 
 // Swtpm is a real swtpm process for tests. swtpm serves one connection at
 // a time, so clients (the signer under test, a daemon process, the test's
-// own ExtendPCR) reach it through a small in-process relay that forwards
-// whole commands one at a time over a single swtpm connection. When swtpm
-// dies every client connection is closed, as a real TPM's would be.
+// own ExtendPCR) reach it through a relay.Relay that forwards whole
+// commands one at a time over a single swtpm connection. When swtpm dies
+// every client connection is closed, as a real TPM's would be.
 type Swtpm struct {
 	tb       testing.TB
 	bin      string
@@ -45,16 +49,14 @@ type Swtpm struct {
 	ctrl     string
 	log      string
 
-	ln net.Listener
+	ln    net.Listener
+	relay *relay.Relay
 
-	mu       sync.Mutex
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	upstream net.Conn
-	gen      int // bumped whenever swtpm (re)starts or the upstream dies
-	clients  map[net.Conn]int
-	closed   bool
-	wg       sync.WaitGroup
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	closed bool
+	served chan struct{} // closed when the relay stops serving
 }
 
 // StartSwtpm starts swtpm (swtpm socket --tpm2 ... --flags
@@ -77,10 +79,15 @@ func StartSwtpm(tb testing.TB, opts SwtpmOptions) *Swtpm {
 	}
 	s := &Swtpm{
 		tb: tb, bin: bin, stateDir: state, sockDir: sockDir,
-		raw:     filepath.Join(sockDir, "tpm.sock"),
-		ctrl:    filepath.Join(sockDir, "ctrl.sock"),
-		log:     filepath.Join(sockDir, "swtpm.log"),
-		clients: map[net.Conn]int{},
+		raw:    filepath.Join(sockDir, "tpm.sock"),
+		ctrl:   filepath.Join(sockDir, "ctrl.sock"),
+		log:    filepath.Join(sockDir, "swtpm.log"),
+		served: make(chan struct{}),
+	}
+	s.relay, err = relay.New(relay.Options{Upstream: s.dialRaw, Latency: opts.Latency})
+	if err != nil {
+		os.RemoveAll(sockDir)
+		tb.Fatal(err)
 	}
 	if opts.TCP {
 		s.ln, err = net.Listen("tcp", "127.0.0.1:0")
@@ -103,9 +110,14 @@ func StartSwtpm(tb testing.TB, opts SwtpmOptions) *Swtpm {
 	if err := s.start(); err != nil {
 		tb.Fatal(err)
 	}
-	s.wg.Add(1)
-	go s.accept()
+	go func() { defer close(s.served); s.relay.Serve(s.ln) }()
 	return s
+}
+
+// dialRaw connects to swtpm's own socket, for the relay.
+func (s *Swtpm) dialRaw(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", s.raw)
 }
 
 // Device is the tpm.Device clients use (the relay socket).
@@ -184,7 +196,6 @@ func (s *Swtpm) start() error {
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	s.cmd, s.exited = cmd, exited
-	s.gen++
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		// swtpm creates the socket file at bind(), before listen(): only a
@@ -227,8 +238,8 @@ func (s *Swtpm) Kill() {
 	s.mu.Lock()
 	cmd, exited := s.cmd, s.exited
 	s.cmd = nil
-	s.dropUpstreamLocked()
 	s.mu.Unlock()
+	s.relay.Reset()
 	if cmd != nil {
 		cmd.Process.Kill()
 		<-exited
@@ -256,114 +267,8 @@ func (s *Swtpm) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	err := s.ln.Close()
-	s.wg.Wait()
+	<-s.served
+	s.relay.Close()
 	os.RemoveAll(s.sockDir)
 	return err
-}
-
-// dropUpstreamLocked closes the swtpm connection and every client of it.
-func (s *Swtpm) dropUpstreamLocked() {
-	if s.upstream != nil {
-		s.upstream.Close()
-		s.upstream = nil
-	}
-	s.gen++
-	for c := range s.clients {
-		c.Close()
-	}
-}
-
-func (s *Swtpm) accept() {
-	defer s.wg.Done()
-	for {
-		c, err := s.ln.Accept()
-		if err != nil {
-			return
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			c.Close()
-			return
-		}
-		s.clients[c] = s.gen
-		s.mu.Unlock()
-		s.wg.Add(1)
-		go s.serve(c)
-	}
-}
-
-// serve relays one client's commands, one whole command and response at a
-// time.
-func (s *Swtpm) serve(c net.Conn) {
-	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		delete(s.clients, c)
-		if len(s.clients) == 0 && s.upstream != nil {
-			// Free swtpm's single connection for RawSocket users.
-			s.upstream.Close()
-			s.upstream = nil
-		}
-		s.mu.Unlock()
-		c.Close()
-	}()
-	for {
-		cmd, err := readFrame(c)
-		if err != nil {
-			return
-		}
-		rsp, ok := s.forward(c, cmd)
-		if !ok {
-			return
-		}
-		if _, err := c.Write(rsp); err != nil {
-			return
-		}
-	}
-}
-
-func (s *Swtpm) forward(c net.Conn, cmd []byte) ([]byte, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if gen, ok := s.clients[c]; !ok || gen != s.gen || s.cmd == nil {
-		return nil, false // swtpm restarted or is down since this client connected
-	}
-	if s.upstream == nil {
-		u, err := net.DialTimeout("unix", s.raw, 5*time.Second)
-		if err != nil {
-			return nil, false
-		}
-		s.upstream = u
-	}
-	s.upstream.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := s.upstream.Write(cmd); err != nil {
-		s.dropUpstreamLocked()
-		return nil, false
-	}
-	rsp, err := readFrame(s.upstream)
-	if err != nil {
-		s.dropUpstreamLocked()
-		return nil, false
-	}
-	return rsp, true
-}
-
-// readFrame reads one TPM command or response: a 10-byte header whose
-// bytes 2-5 are the total size, then the rest.
-func readFrame(r io.Reader) ([]byte, error) {
-	var hdr [10]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return nil, err
-	}
-	size := binary.BigEndian.Uint32(hdr[2:6])
-	if size < 10 || size > 1<<16 {
-		return nil, fmt.Errorf("bad TPM frame size %d", size)
-	}
-	buf := make([]byte, size)
-	copy(buf, hdr[:])
-	if _, err := io.ReadFull(r, buf[10:]); err != nil {
-		return nil, err
-	}
-	return buf, nil
 }

@@ -125,6 +125,9 @@ func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server
 	if err != nil {
 		return nil, nil, err
 	}
+	if d.selfIssuer != nil {
+		d.readiness.Observe(nil) // that was a real signature: no readiness probe needed on a slow TPM
+	}
 	d.reloader = &server.Reloader{Dir: dir, Service: svc, Metrics: metrics, Logger: d.log}
 	if d.selfIssuer == nil && cfg.srvCrt == nil {
 		d.reloader.Holder = holder

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"strings"
 	"time"
@@ -138,7 +139,11 @@ type WorkerRequest struct {
 // template leaves it unset), never the CSR: an Ed25519 CSR under an ECDSA
 // CA must work for Talos 1.9 workers. This is the daemon's hot path, so
 // unlike the ceremony's profiles it does not verify the new signature.
-func NewWorkerCertificate(ca *x509.Certificate, caKey crypto.Signer, w WorkerRequest, validity time.Duration, now time.Time, r io.Reader) (*x509.Certificate, error) {
+//
+// It returns the certificate as signed, without parsing it again:
+// x509.CreateCertificate has already checked the new signature against
+// the CA's public key, which catches a faulty device.
+func NewWorkerCertificate(ca *x509.Certificate, caKey crypto.Signer, w WorkerRequest, validity time.Duration, now time.Time, r io.Reader) (*Issued, error) {
 	tmpl := &x509.Certificate{
 		Subject:               w.Subject,
 		KeyUsage:              x509.KeyUsageDigitalSignature,
@@ -148,7 +153,24 @@ func NewWorkerCertificate(ca *x509.Certificate, caKey crypto.Signer, w WorkerReq
 		DNSNames:              w.DNSNames,
 		IPAddresses:           w.IPs,
 	}
-	return issue(issuance{tmpl: tmpl, ca: ca, pub: w.PublicKey, key: caKey, lifetime: validity, now: now, rand: r})
+	der, err := sign(issuance{tmpl: tmpl, ca: ca, pub: w.PublicKey, key: caKey, lifetime: validity, now: now, rand: r})
+	if err != nil {
+		return nil, err
+	}
+	// As encoded: UTCTime and GeneralizedTime carry whole seconds (RFC 5280 §4.1.2.5).
+	return &Issued{Raw: der, SerialNumber: tmpl.SerialNumber, NotAfter: tmpl.NotAfter.Truncate(time.Second).UTC()}, nil
+}
+
+// Issued is a certificate as it was signed: its DER and the fields the
+// daemon's audit line needs, taken from the signing step rather than
+// parsed again.
+type Issued struct {
+	// Raw is the DER certificate.
+	Raw []byte
+	// SerialNumber is its serial.
+	SerialNumber *big.Int
+	// NotAfter is the end of its validity.
+	NotAfter time.Time
 }
 
 // WorkerSubject copies a CSR subject without Organization (Talos does the
@@ -182,6 +204,25 @@ type issuance struct {
 
 // issue fills in serial and validity, signs, and parses the result.
 func issue(is issuance) (*x509.Certificate, error) {
+	der, err := sign(is)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parse issued certificate: %w", err)
+	}
+	if is.verify {
+		if err := verifyIssued(cert, is.ca); err != nil {
+			return nil, err
+		}
+	}
+	return cert, nil
+}
+
+// sign completes is.tmpl (validity, serial) and signs it; it returns the
+// DER certificate.
+func sign(is issuance) ([]byte, error) {
 	if is.checkKey {
 		if _, err := CheckRequestKey(is.pub, 0); err != nil {
 			return nil, err
@@ -202,16 +243,7 @@ func issue(is issuance) (*x509.Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sign certificate: %w", err)
 	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, fmt.Errorf("parse issued certificate: %w", err)
-	}
-	if is.verify {
-		if err := verifyIssued(cert, is.ca); err != nil {
-			return nil, err
-		}
-	}
-	return cert, nil
+	return der, nil
 }
 
 // verifyIssued checks the new signature, catching a device that signs

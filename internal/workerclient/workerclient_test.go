@@ -1,12 +1,14 @@
 package workerclient
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"net"
 	"testing"
@@ -57,7 +59,7 @@ func TestCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	crt, bundle := pki.EncodeCertificates(leaf), pki.EncodeCertificates(ca)
+	crt, bundle := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Raw}), pki.EncodeCertificates(ca)
 	tests := []struct {
 		name     string
 		crt, ca  []byte
@@ -71,7 +73,7 @@ func TestCheck(t *testing.T) {
 	for _, tt := range tests {
 		resp, err := Check(tt.crt, tt.ca)
 		if tt.wantPart == "" {
-			if err != nil || !resp.Cert.Equal(leaf) || len(resp.Bundle) != 1 {
+			if err != nil || !bytes.Equal(resp.Cert.Raw, leaf.Raw) || len(resp.Bundle) != 1 {
 				t.Errorf("%s: %v", tt.name, err)
 			}
 			continue

@@ -53,6 +53,9 @@ type options struct {
 	reqTimeout time.Duration
 	reuse      bool
 	sources    bool
+	metrics    string
+	backoff    string
+	anchor     bool
 }
 
 func main() {
@@ -76,12 +79,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.reqTimeout, "timeout", 10*time.Second, "per-attempt timeout (Talos uses 10s)")
 	fs.BoolVar(&o.reuse, "reuse", false, "keep one connection per concurrent client (measures issuance, not TLS handshakes)")
 	fs.BoolVar(&o.sources, "spread-sources", false, "give each simulated worker its own 127.x.y.z source address, as a fleet has (per-address rate limits apply per worker)")
+	fs.StringVar(&o.backoff, "backoff", "fast", "with -retry, the wait between attempts: fast (250 ms doubling up to 4 s) or talos (Talos's RemoteGenerator: go-retry Exponential in 1 s units, 100 ms jitter: 0, 1, 3, 7, 15, 31 s)")
+	fs.BoolVar(&o.anchor, "serve-anchor", false, "instead of loading, serve a bare Talos-style SecurityService (Talos trustd's per-request work with the file key in -certs: os-ca.key, server.crt/.key, token) on -addr until -duration or SIGINT, as the yardstick for the daemon's file path")
+	fs.StringVar(&o.metrics, "metrics", "", "the daemon's metrics URL (http://127.0.0.1:PORT/metrics): report its issued, refused and late-signature counters at the end")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if err := o.validate(); err != nil {
 		fmt.Fprintln(stderr, "load:", err)
 		return 2
+	}
+	if o.anchor {
+		return runAnchor(o, stderr)
 	}
 	res, err := runLoad(o, stdout)
 	if err != nil {
@@ -113,6 +122,12 @@ func (o *options) validate() error {
 	if _, err := workerclient.ParseKeyType(o.keyType); err != nil {
 		return fmt.Errorf("-key: %w", err)
 	}
+	if o.backoff != "" && o.backoff != "fast" && o.backoff != "talos" {
+		return fmt.Errorf("-backoff %q: want fast or talos", o.backoff)
+	}
+	if o.metrics != "" {
+		return checkMetricsURL(o.metrics)
+	}
 	return nil
 }
 
@@ -123,6 +138,7 @@ type result struct {
 	codes     map[codes.Code]int
 	issued    int
 	elapsed   time.Duration
+	bootLog   *bootLog
 }
 
 func (r *result) addErr(c codes.Code) {
@@ -148,8 +164,9 @@ func runLoad(o options, stdout io.Writer) (*result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), o.duration)
 	defer cancel()
 
-	res := &result{codes: map[codes.Code]int{}}
-	f := &fleet{o: o, tlsCfg: tlsCfg, token: strings.TrimSpace(string(token)), res: res, stdout: stdout, start: time.Now()}
+	start := time.Now()
+	res := &result{codes: map[codes.Code]int{}, bootLog: newBootLog(o.requests, start)}
+	f := &fleet{o: o, tlsCfg: tlsCfg, token: strings.TrimSpace(string(token)), res: res, stdout: stdout, start: start}
 	var wg sync.WaitGroup
 	for w := 0; w < o.workers; w++ {
 		wg.Add(1)
@@ -193,7 +210,7 @@ func (f *fleet) client(ctx context.Context) {
 		if f.o.sources {
 			source = sourceFor(i)
 		}
-		boot(ctx, f.o, f.tlsCfg, source, f.token, f.res, f.stdout, &kept)
+		boot(ctx, f.o, f.tlsCfg, source, f.token, f.res, f.stdout, &kept, i)
 	}
 }
 
@@ -214,7 +231,7 @@ func (f *fleet) arrive(ctx context.Context, i int64) bool {
 
 // boot is one worker obtaining its certificate: a fresh key and CSR, and
 // per attempt a fresh connection, retried with Talos-like backoff if asked.
-func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr, token string, res *result, stdout io.Writer, kept **grpc.ClientConn) {
+func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr, token string, res *result, stdout io.Writer, kept **grpc.ClientConn, idx int64) {
 	arrived := time.Now()
 	ip := net.IPv4(127, 0, 0, 1)
 	if source.IsValid() {
@@ -226,6 +243,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 		return
 	}
 	backoff := 250 * time.Millisecond
+	talos := newTalosRetry()
 	for {
 		t0 := time.Now()
 		conn := *kept
@@ -236,6 +254,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 				return
 			}
 		}
+		res.bootLog.attempt(idx)
 		resp, err := attempt(ctx, o, conn, token, csr)
 		if o.reuse {
 			*kept = conn
@@ -243,6 +262,7 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 			conn.Close()
 		}
 		if err == nil {
+			res.bootLog.certified(idx)
 			lat := time.Since(t0)
 			res.mu.Lock()
 			res.issued++
@@ -258,8 +278,12 @@ func boot(ctx context.Context, o options, tlsCfg *tls.Config, source netip.Addr,
 		if !o.retry || ctx.Err() != nil {
 			return
 		}
+		wait := backoff + time.Duration(randInt(int64(backoff)))
+		if o.backoff == "talos" {
+			wait = talos.next()
+		}
 		select {
-		case <-time.After(backoff + time.Duration(randInt(int64(backoff)))):
+		case <-time.After(wait):
 		case <-ctx.Done():
 			return
 		}
@@ -363,6 +387,10 @@ func (r *result) report(w io.Writer, o options) {
 		keys = []string{"none"}
 	}
 	fmt.Fprintf(w, "errors by code: %s\n", strings.Join(keys, " "))
+	r.bootLog.report(w)
+	if o.metrics != "" {
+		reportDaemonCounters(w, o.metrics)
+	}
 	if o.rssPID > 0 {
 		if hwm, err := peakRSS(o.rssPID); err == nil {
 			fmt.Fprintf(w, "daemon peak RSS: %s\n", hwm)

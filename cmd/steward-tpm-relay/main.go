@@ -1,0 +1,172 @@
+// Command steward-tpm-relay lets several processes share one swtpm (which
+// serves a single connection), like the kernel's /dev/tpmrm0 does for a
+// chip, and can make it as slow as a discrete TPM for benchmarks:
+//
+//	steward-tpm-relay --upstream /run/swtpm/sock --listen /run/swtpm/relay.sock [--latency Sign=60ms ...]
+//
+// Clients (steward-trustd, steward-trustd-ceremony, tpm2-tools with
+// TPM2TOOLS_TCTI=swtpm:path=...) use the --listen socket. Every command
+// runs whole, one at a time; transient objects of a client that
+// disconnects are flushed. Exit codes: 0 stopped by a signal, 1 failure,
+// 2 usage error.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/google/go-tpm/tpm2"
+	"github.com/spf13/cobra"
+
+	"github.com/steward-trustd/steward-trustd/tpmsim/relay"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// usageError is a bad command line: exit status 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+type options struct {
+	listen   string
+	upstream string
+	latency  []string
+	debug    bool
+}
+
+func run(args []string, stderr io.Writer) int {
+	var o options
+	cmd := &cobra.Command{
+		Use:           "steward-tpm-relay --upstream SWTPM-SOCKET --listen SOCKET [--latency COMMAND=DURATION ...]",
+		Short:         "Share one swtpm between processes, optionally as slow as a real TPM chip",
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			return serve(ctx, o, stderr)
+		},
+	}
+	cmd.SetArgs(args)
+	cmd.SetOut(stderr)
+	cmd.SetErr(stderr)
+	f := cmd.Flags()
+	f.StringVar(&o.listen, "listen", "", "where clients connect: a unix socket path, or 127.0.0.1:PORT (required)")
+	f.StringVar(&o.upstream, "upstream", "", "swtpm's data socket (swtpm socket --server type=unixio,path=...), or HOST:PORT for --server type=tcp (required)")
+	f.StringArrayVar(&o.latency, "latency", nil, "add device time to a TPM command, e.g. Sign=60ms (a discrete chip) or 0x15D=60ms; repeatable")
+	f.BoolVar(&o.debug, "log-commands", false, "log every TPM command with its response code and time (debug level)")
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		fmt.Fprintln(stderr, "steward-tpm-relay:", err)
+		var u *usageError
+		if errors.As(err, &u) || strings.Contains(err.Error(), "unknown command") {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, o options, stderr io.Writer) error {
+	latency, err := o.parse()
+	if err != nil {
+		return err
+	}
+	level := slog.LevelInfo
+	if o.debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	r, err := relay.New(relay.Options{Upstream: dialer(o.upstream), Latency: latency, Log: log})
+	if err != nil {
+		return err
+	}
+	ln, err := listen(o.listen)
+	if err != nil {
+		return err
+	}
+	log.Info("steward-tpm-relay listening", "listen", ln.Addr().String(), "upstream", o.upstream, "latency", strings.Join(o.latency, ","))
+	go func() { <-ctx.Done(); ln.Close() }()
+	err = r.Serve(ln)
+	r.Close()
+	return err
+}
+
+func (o options) parse() (map[tpm2.TPMCC]time.Duration, error) {
+	if o.listen == "" || o.upstream == "" {
+		return nil, &usageError{errors.New("--listen and --upstream are required")}
+	}
+	var latency map[tpm2.TPMCC]time.Duration
+	for _, spec := range o.latency {
+		var err error
+		if latency, err = relay.ParseLatency(latency, spec); err != nil {
+			return nil, &usageError{fmt.Errorf("--latency: %w", err)}
+		}
+	}
+	return latency, nil
+}
+
+// network tells a loopback TCP address from a unix socket path; TCP is
+// refused on anything but loopback: a TPM must not be reachable from the
+// network.
+func network(addr string) (string, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return "unix", nil
+	}
+	if !ap.Addr().IsLoopback() {
+		return "", &usageError{fmt.Errorf("%s: only loopback TCP addresses; use a unix socket otherwise", addr)}
+	}
+	return "tcp", nil
+}
+
+func dialer(addr string) func(context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) {
+		nw, err := network(addr)
+		if err != nil {
+			return nil, err
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, nw, addr)
+	}
+}
+
+// listen opens the client socket, replacing a stale unix socket file that
+// nothing accepts on (left by a killed relay).
+func listen(addr string) (net.Listener, error) {
+	nw, err := network(addr)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen(nw, addr)
+	if err == nil || nw != "unix" || !errors.Is(err, syscall.EADDRINUSE) {
+		return ln, err
+	}
+	if c, derr := net.Dial("unix", addr); derr == nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: another process serves this socket; stop it or choose another --listen", addr)
+	}
+	if err := os.Remove(addr); err != nil {
+		return nil, fmt.Errorf("remove stale socket: %w", err)
+	}
+	return net.Listen(nw, addr)
+}
