@@ -12,7 +12,7 @@ PORT      ?= 50001
 # Tests that need swtpm or SoftHSMv2 fail instead of skipping when set.
 export STEWARD_REQUIRE_DEVICES = 1
 
-.PHONY: all deps build build-all build-gencreds build-ceremony run-local test test-unit test-talos test-attack bench-attack test-coverage lint fuzz bench fleet-boot docker-build docker-buildx clean
+.PHONY: all deps build build-all build-gencreds build-ceremony run-local test test-unit test-talos test-attack bench-attack test-deploy test-coverage lint fuzz bench fleet-boot image image-smoke docker-build docker-buildx clean
 
 all: build-all
 
@@ -35,12 +35,13 @@ build-all:
 run-local: deps build-all
 	@./hack/run-local.sh "$(BIN)" "$(LOCAL)" "$(PORT)"
 
-test: deps lint test-unit test-talos test-attack
+test: deps lint test-unit test-talos test-attack test-deploy
 
 test-unit:
 	$(GO) test -race -count=1 ./...
 
-# Talos's own worker client against the daemon (separate module).
+# Talos's own worker client against the daemon (separate module); also
+# runs the image (TestImage) and the systemd unit's sandbox (TestSystemdUnit).
 test-talos:
 	cd test/talos && $(GO) test -race -count=1 $$($(GO) list ./... | grep -v /attack)
 
@@ -53,12 +54,17 @@ test-attack:
 bench-attack:
 	cd test/talos && $(GO) test -count=1 -run TestAttacks -v ./attack -args -attempts=200
 
+# The Kubernetes overlays rendered with kustomize and strictly decoded
+# (separate module: kustomize and k8s.io stay out of the daemon's graph).
+test-deploy:
+	cd test/deploy && $(GO) test -race -count=1 ./...
+
 test-coverage: deps
 	$(GO) test -race -count=1 -coverprofile=coverage.out ./...
 	$(GO) tool cover -func=coverage.out | tail -1
 
 # gofmt, go vet and golangci-lint (errorlint, cyclop 20, gocognit 30, …;
-# see .golangci.yml) on both modules. golangci-lint is pinned in
+# see .golangci.yml) on every module (root, test/talos, test/deploy, hack/image). golangci-lint is pinned in
 # hack/tools/go.mod and built into $(BIN) on first use.
 GOLANGCI_LINT := $(BIN)/golangci-lint
 
@@ -71,8 +77,12 @@ lint: $(GOLANGCI_LINT)
 	  if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	cd test/talos && $(GO) vet ./...
+	cd test/deploy && $(GO) vet ./...
+	cd hack/image && $(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
 	cd test/talos && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
+	cd test/deploy && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
+	cd hack/image && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
 
 # Short fuzzing runs of every fuzz target.
 fuzz:
@@ -92,11 +102,34 @@ fleet-boot: deps build-all
 	$(GO) build -o $(BIN)/ ./test/load
 	./hack/fleet-boot.sh $(BIN)
 
+# The OCI image, offline and without Docker: binaries cross-built with cgo
+# for each of IMAGE_ARCHS (arm64 with Debian's gcc-aarch64-linux-gnu), then
+# hack/image adds exactly the shared libraries they need plus the C++
+# runtime PKCS#11 modules need, and writes an OCI layout to $(BIN)/image
+# (push it with e.g. `skopeo copy --all oci:$(BIN)/image:$(VERSION) docker://REGISTRY/steward-trustd:$(VERSION)`).
+IMAGE_ARCHS ?= amd64 arm64
+CC_amd64    ?= gcc
+CC_arm64    ?= aarch64-linux-gnu-gcc
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+image: deps
+	$(foreach a,$(IMAGE_ARCHS),CGO_ENABLED=1 GOOS=linux GOARCH=$(a) CC=$(CC_$(a)) $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/linux-$(a)/ ./cmd/... &&) true
+	cd hack/image && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run . -out $(abspath $(BIN))/image -tag $(VERSION) \
+	  $(foreach a,$(IMAGE_ARCHS),-bin linux/$(a)=$(abspath $(BIN))/linux-$(a))
+
+# Runs the image's other platforms (arm64 here) under qemu-user from the
+# unpacked root file system; the native one is run by make test (TestImage).
+image-smoke: image
+	./hack/image-smoke.sh $(abspath $(BIN))/image $(VERSION) $(IMAGE_ARCHS)
+
+# DOCKER=podman works too (the Dockerfile names every image fully).
+DOCKER ?= docker
+
 docker-build:
-	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+	$(DOCKER) build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
 
 docker-buildx:
-	docker buildx build --platform $(PLATFORMS) --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) --push .
+	$(DOCKER) buildx build --platform $(PLATFORMS) --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) --push .
 
 clean:
 	rm -rf $(BIN) $(LOCAL) coverage.out

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Installs the system packages the tests and run-local need: swtpm (TPM
-# simulator), SoftHSMv2 (PKCS#11 token), tpm2-tools, and libssl-dev (cgo
-# for the in-process TPM simulator). As root it runs apt-get; otherwise it
-# says exactly what to run.
+# simulator), SoftHSMv2 (PKCS#11 token), tpm2-tools, libssl-dev (cgo for
+# the in-process TPM simulator), bubblewrap, systemd (systemd-analyze) and
+# linux-libc-dev (syscall numbers) for the systemd unit's sandbox in
+# TestSystemdUnit, and the arm64 cgo cross-compiler and C/C++ runtime for
+# `make image` (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
+# libstdc++6-arm64-cross, libgcc-s1-arm64-cross). As root it runs apt-get;
+# otherwise it says exactly what to run.
 set -euo pipefail
-pkgs=(swtpm swtpm-tools softhsm2 tpm2-tools libssl-dev gcc)
+pkgs=(swtpm swtpm-tools softhsm2 tpm2-tools libssl-dev gcc bubblewrap systemd linux-libc-dev
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross libstdc++6-arm64-cross libgcc-s1-arm64-cross)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

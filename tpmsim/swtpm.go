@@ -33,6 +33,10 @@ type SwtpmOptions struct {
 	// code (e.g. tpm2.TPMCCSign: 60 * time.Millisecond for a discrete
 	// chip), spent while the TPM is held.
 	Latency map[tpm2.TPMCC]time.Duration
+	// NoResourceManager makes the relay leave a departed client's
+	// transient objects loaded, like /dev/tpm0 (no kernel resource
+	// manager) does, instead of flushing them like /dev/tpmrm0.
+	NoResourceManager bool
 }
 
 // Swtpm is a real swtpm process for tests. swtpm serves one connection at
@@ -84,7 +88,7 @@ func StartSwtpm(tb testing.TB, opts SwtpmOptions) *Swtpm {
 		log:    filepath.Join(sockDir, "swtpm.log"),
 		served: make(chan struct{}),
 	}
-	s.relay, err = relay.New(relay.Options{Upstream: s.dialRaw, Latency: opts.Latency})
+	s.relay, err = relay.New(relay.Options{Upstream: s.dialRaw, Latency: opts.Latency, KeepObjects: opts.NoResourceManager})
 	if err != nil {
 		os.RemoveAll(sockDir)
 		tb.Fatal(err)

@@ -10,8 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"sort"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -245,7 +243,7 @@ func setupServingCert(cfg *config, dir server.CertDir, holder *server.CertHolder
 		Holder:      holder,
 		Signer:      sgn,
 		Credentials: svc.Credentials,
-		Hosts:       func() ([]string, error) { return servingHosts(cfg.certSANs) },
+		Hosts:       func() ([]string, error) { return servingHosts(cfg.certSANs, log) },
 		Logger:      log,
 		Metrics:     m,
 	}
@@ -265,39 +263,4 @@ func servedChainOptions(c *tls.Certificate, roots *x509.CertPool) x509.VerifyOpt
 		}
 	}
 	return opts
-}
-
-// servingHosts lists every local interface address, the hostname and the
-// extra SANs: workers dial whichever address the control-plane endpoint
-// resolves to and check it against the IP SANs.
-func servingHosts(extra []string) ([]string, error) {
-	seen := map[string]bool{}
-	var out []string
-	add := func(h string) {
-		if h != "" && !seen[h] {
-			seen[h] = true
-			out = append(out, h)
-		}
-	}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("list interface addresses: %w", err)
-	}
-	var ips []string
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLinkLocalUnicast() {
-			ips = append(ips, n.IP.String())
-		}
-	}
-	sort.Strings(ips)
-	for _, e := range extra {
-		add(e)
-	}
-	if h, err := os.Hostname(); err == nil {
-		add(h)
-	}
-	for _, ip := range ips {
-		add(ip)
-	}
-	return out, nil
 }

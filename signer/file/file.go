@@ -82,7 +82,7 @@ func URI(path string) string {
 }
 
 // Open implements signer.Backend. It refuses a key file that group or
-// others may read.
+// others may read, but for a Kubernetes Secret mount (checkMode).
 func (b *Backend) Open(_ context.Context, uri string) (signer.Signer, error) {
 	path, err := ParseURI(uri)
 	if err != nil {
@@ -103,8 +103,8 @@ func (b *Backend) Open(_ context.Context, uri string) (signer.Signer, error) {
 	if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("open key %s: not a regular file", path)
 	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("open key %s: mode %04o lets group or others read the CA key; run chmod 600 %s", path, perm, path)
+	if err := b.checkMode(path, f, st); err != nil {
+		return nil, err
 	}
 	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
 	if err != nil {
@@ -115,6 +115,24 @@ func (b *Backend) Open(_ context.Context, uri string) (signer.Signer, error) {
 		return nil, fmt.Errorf("open key %s: %w", path, err)
 	}
 	return b.newSigner(key, path)
+}
+
+// checkMode refuses a key file that group or others may read, except a
+// Kubernetes Secret mount readable by this process's fsGroup
+// (secretmount.go).
+func (b *Backend) checkMode(path string, f *os.File, st fs.FileInfo) error {
+	perm := st.Mode().Perm()
+	if perm&0o077 == 0 {
+		return nil
+	}
+	if err := checkSecretMount(path, f, st); err != nil {
+		return fmt.Errorf("open key %s: mode %04o lets group or others read the CA key; run chmod 600 %s (%w)", path, perm, path, err)
+	}
+	if b.Logger != nil {
+		b.Logger.Info("key file is group-readable as a Kubernetes Secret mount with the pod's fsGroup; accepted because the group is this process's own",
+			"path", path, "mode", fmt.Sprintf("%04o", perm))
+	}
+	return nil
 }
 
 // FromPEM returns a signer for a PEM key that arrived some other way than

@@ -58,7 +58,7 @@ func TestTPMPolicyStatus(t *testing.T) {
 // stay loaded.
 func TestTPMKilledInitLeaksNoSlots(t *testing.T) {
 	requireScheme(t, "tpm")
-	sw := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
+	sw := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{NoResourceManager: true})
 	root := t.TempDir()
 	uri := func(n string) string { return "tpm:path=" + filepath.Join(root, n+".tpmkey") + ";" + sw.URIAttrs() }
 	args := func(n string) []string {

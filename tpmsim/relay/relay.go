@@ -44,6 +44,10 @@ type Options struct {
 	// connected. By default it is closed, so that another program can
 	// use swtpm's socket directly in between.
 	KeepUpstream bool
+	// KeepObjects leaves a departed client's transient objects loaded, as
+	// a TPM without a resource manager (/dev/tpm0) does, so that tests can
+	// show what a killed client leaves behind there.
+	KeepObjects bool
 }
 
 // Relay serves TPM clients; see the package comment.
@@ -162,7 +166,7 @@ func (r *Relay) remove(c net.Conn) {
 	cl := r.clients[c]
 	delete(r.clients, c)
 	c.Close()
-	if cl != nil {
+	if cl != nil && !r.opts.KeepObjects {
 		// Over a fresh connection if need be: swtpm keeps objects across
 		// connections.
 		for h := range cl.objects {

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sort"
+)
+
+// servingHosts lists every local interface address, the hostname and the
+// extra SANs (warnings go to log): workers dial whichever address the control-plane endpoint
+// resolves to and check it against the IP SANs.
+//
+// Listing interfaces needs a netlink socket, which a sandbox may forbid
+// (systemd's RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX in
+// deploy/systemd). Then the certificate names the hostname and the extra
+// SANs only, and one warning says to set TRUSTD_CERT_SANS, instead of
+// the daemon exiting and restart-looping.
+func servingHosts(extra []string, log *slog.Logger) ([]string, error) {
+	return hostSources{interfaceAddrs: net.InterfaceAddrs, hostname: os.Hostname, log: log}.hosts(extra)
+}
+
+// hostSources are where servingHosts looks; tests replace them.
+type hostSources struct {
+	interfaceAddrs func() ([]net.Addr, error)
+	hostname       func() (string, error)
+	log            *slog.Logger
+}
+
+// hosts returns extra, then the hostname, then the sorted interface
+// addresses (link-local ones left out: workers cannot dial them without
+// a zone), each once.
+func (s hostSources) hosts(extra []string) ([]string, error) {
+	out := appendUnique(nil, extra...)
+	if h, err := s.hostname(); err == nil {
+		out = appendUnique(out, h)
+	}
+	addrs, err := s.interfaceAddrs()
+	if err != nil {
+		return s.withoutInterfaces(out, err)
+	}
+	var ips []string
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLinkLocalUnicast() {
+			ips = append(ips, n.IP.String())
+		}
+	}
+	sort.Strings(ips)
+	return appendUnique(out, ips...), nil
+}
+
+// withoutInterfaces is the fallback when interfaces cannot be listed: the
+// hosts found so far, with one warning, or an error when there are none.
+func (s hostSources) withoutInterfaces(hosts []string, cause error) ([]string, error) {
+	if len(hosts) == 0 {
+		return nil, fmt.Errorf("list interface addresses: %w; and no hostname: set TRUSTD_CERT_SANS (--cert-sans) to the addresses and names workers dial", cause)
+	}
+	s.log.Warn("cannot list network interfaces; the serving certificate names only the hostname and TRUSTD_CERT_SANS: "+
+		"set TRUSTD_CERT_SANS (--cert-sans) to every address and name workers dial (the control-plane endpoint), or workers' TLS fails",
+		"error", cause.Error(), "sans", hosts)
+	return hosts, nil
+}
+
+// appendUnique appends each non-empty h not already in out.
+func appendUnique(out []string, hs ...string) []string {
+	for _, h := range hs {
+		if h != "" && !slices.Contains(out, h) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
