@@ -162,8 +162,8 @@ func (r *Reloader) Check() {
 	if d != r.creds {
 		r.apply("credentials", d, err, &r.creds, &r.badCreds, func() {
 			r.Service.SetCredentials(c)
-			r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize(),
-				"issuer", c.Issuer().Subject.String(), "issuer_not_after", c.IssuerNotAfter())
+			r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize())
+			LogIssuer(r.log(), c, now)
 		})
 	}
 	if r.Holder == nil {

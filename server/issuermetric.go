@@ -1,6 +1,7 @@
 package server
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,4 +21,21 @@ func RegisterIssuerExpiry(reg prometheus.Registerer, svc *Service, clock func() 
 	}, func() float64 {
 		return svc.Credentials().IssuerNotAfter().Sub(now()).Seconds()
 	}))
+}
+
+// IssuerExpiryWarning is how long before the signing key's chain expires
+// LogIssuer warns: enough for an offline root ceremony to re-sign it.
+const IssuerExpiryWarning = 30 * 24 * time.Hour
+
+// LogIssuer says which certificate the daemon signs with and until when,
+// at start and at each reload, and warns when that chain is close to its
+// end: worker certificates are clamped to it, so past it none verifies.
+func LogIssuer(log *slog.Logger, c *Credentials, now time.Time) {
+	issuer, notAfter := c.Issuer(), c.IssuerNotAfter()
+	attrs := []any{"issuer", issuer.Subject.String(), "tiered", len(c.Chain()) > 0, "issuer_not_after", notAfter}
+	if notAfter.Sub(now) < IssuerExpiryWarning {
+		log.Warn("the signing key's certificate chain expires soon; have the root re-sign it (steward-trustd-ceremony intermediate sign, or rotate)", attrs...)
+		return
+	}
+	log.Info("signing with", attrs...)
 }

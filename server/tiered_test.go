@@ -289,3 +289,27 @@ func TestIssuerFile(t *testing.T) {
 		t.Errorf("missing issuer file: %v", err)
 	}
 }
+
+func TestLogIssuerWarnsBeforeExpiry(t *testing.T) {
+	tt := newTestTier(t, nil)
+	short, err := pki.NewIntermediateCertificate(tt.root.cert, tt.root.signer, tt.inter.signer.Public(), pki.IntermediateOptions{Validity: 48 * time.Hour}, time.Now(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		chain []byte
+		want  string
+	}{{tt.inter.pem, `"level":"INFO","msg":"signing with"`}, {pki.EncodeCertificates(short), `"level":"WARN"`}} {
+		f := tt.files()
+		f.IssuerChain = tc.chain
+		c, err := LoadCredentials(f, tt.inter.signer.Public(), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		LogIssuer(slog.New(slog.NewJSONHandler(&buf, nil)), c, time.Now())
+		if !strings.Contains(buf.String(), tc.want) || !strings.Contains(buf.String(), `"tiered":true`) {
+			t.Errorf("log %s, want %s", buf.String(), tc.want)
+		}
+	}
+}

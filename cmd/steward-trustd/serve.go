@@ -102,6 +102,7 @@ func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server
 	if err != nil {
 		return nil, nil, err
 	}
+	server.LogIssuer(d.log, creds, time.Now())
 	svc, err := server.New(server.Config{
 		Signer:      sgn,
 		Credentials: creds,
