@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/keystore"
 )
 
@@ -124,4 +125,6 @@ func parseRanges(ranges []string) ([]*net.IPNet, error) {
 
 // issuerNextTo is the issuer.crt in the directory of the CA file, for
 // status.
-func issuerNextTo(caPath string) string { return filepath.Join(filepath.Dir(caPath), "issuer.crt") }
+func issuerNextTo(caPath string) string {
+	return filepath.Join(filepath.Dir(caPath), certdir.FileIssuerChain)
+}
