@@ -21,7 +21,9 @@ type Receipt struct {
 	// Time of the operation, UTC.
 	Time time.Time `json:"time"`
 	// Operation is "init", "init.key", "import", "sign-csr", "talosconfig",
-	// "server-cert", "rotate", "rotate.key" or "rotate.finish".
+	// "server-cert", "rotate", "rotate.key", "rotate.finish", or in the
+	// tiered setup "intermediate.key", "intermediate.request",
+	// "intermediate.sign" or "intermediate.rotate.finish".
 	Operation string `json:"operation"`
 	// ToolVersion is the ceremony binary's version.
 	ToolVersion string `json:"toolVersion"`
