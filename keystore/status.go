@@ -9,6 +9,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
 )
 
 // Status is what `status` reports.
@@ -22,6 +23,10 @@ type Status struct {
 	PolicyChecked   bool   `json:"policyChecked"`
 	PolicySatisfied bool   `json:"policySatisfied"`
 	PolicyError     string `json:"policyError,omitempty"`
+	// SignedPolicy reports on a TPM key under policy authorities: the
+	// authorities' names and fingerprints, the current PCR state and
+	// which approval matches it.
+	SignedPolicy *tpm.PolicyReport `json:"signedPolicy,omitempty"`
 	// CA describes the CA certificate, when one was given.
 	CA *CAStatus `json:"ca,omitempty"`
 	// Chain describes the issuer chain (issuer.crt) of the tiered setup,
@@ -68,6 +73,28 @@ func certStatus(c *x509.Certificate, pub crypto.PublicKey, now time.Time) CAStat
 	}
 }
 
+// addCerts describes ca and the issuer chain against the key pub, and
+// checks the chain as the daemon would.
+func (st *Status) addCerts(ca *x509.Certificate, chain []*x509.Certificate, pub crypto.PublicKey, now time.Time) {
+	if ca != nil {
+		cs := certStatus(ca, pub, now)
+		st.CA = &cs
+	}
+	for _, ic := range chain {
+		st.Chain = append(st.Chain, certStatus(ic, pub, now))
+	}
+	if len(chain) > 0 && ca != nil {
+		if err := pki.CheckIssuerChain(chain, []*x509.Certificate{ca}, pub, now); err != nil {
+			st.ChainError = err.Error()
+		}
+	}
+}
+
+// policyReporter is implemented by TPM signers (*tpm.Signer).
+type policyReporter interface {
+	PolicyReport(ctx context.Context) (*tpm.PolicyReport, error)
+}
+
 // Status opens the key at uri (it does not sign) and reports on it, on ca
 // if given, on the issuer chain if given (tiered setup), and on the
 // receipts in d (nil d lists none).
@@ -86,19 +113,12 @@ func (c *Ceremony) Status(ctx context.Context, uri string, ca *x509.Certificate,
 			st.PolicySatisfied = true
 		}
 	}
-	now := c.now()
-	if ca != nil {
-		cs := certStatus(ca, s.Public(), now)
-		st.CA = &cs
-	}
-	for _, ic := range chain {
-		st.Chain = append(st.Chain, certStatus(ic, s.Public(), now))
-	}
-	if len(chain) > 0 && ca != nil {
-		if err := pki.CheckIssuerChain(chain, []*x509.Certificate{ca}, s.Public(), now); err != nil {
-			st.ChainError = err.Error()
+	if pr, ok := s.(policyReporter); ok {
+		if st.SignedPolicy, err = pr.PolicyReport(ctx); err != nil {
+			return nil, fmt.Errorf("status: signed policy: %w", err)
 		}
 	}
+	st.addCerts(ca, chain, s.Public(), c.now())
 	if d != nil {
 		rs, err := ReadReceipts(d)
 		if err != nil {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -214,8 +215,8 @@ func (g *signerGate) abandon(w *waiter, cause error) (func(), error) {
 }
 
 func isSaturatedErr(err error) bool {
-	_, ok := err.(*saturatedError)
-	return ok
+	var sat *saturatedError
+	return errors.As(err, &sat)
 }
 
 func (g *signerGate) releaser() func() {

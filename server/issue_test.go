@@ -7,6 +7,7 @@ import (
 	"encoding/asn1"
 	"encoding/pem"
 	"errors"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"net"
 	"net/netip"
 	"net/url"
@@ -49,52 +50,74 @@ func TestIssueProfile(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cert, err := x509.ParseCertificate(issued.Raw)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if cert.SerialNumber.Cmp(issued.SerialNumber) != 0 || !cert.NotAfter.Equal(issued.NotAfter) {
-				t.Errorf("Issued reports serial %x not after %v; the certificate has %x, %v", issued.SerialNumber, issued.NotAfter, cert.SerialNumber, cert.NotAfter)
-			}
-			if len(cert.Subject.Organization) != 0 {
-				t.Errorf("Organization not stripped: %v", cert.Subject.Organization)
-			}
-			if cert.Subject.CommonName != "worker-1" {
-				t.Errorf("CommonName %q", cert.Subject.CommonName)
-			}
-			if len(cert.ExtKeyUsage) != 1 || cert.ExtKeyUsage[0] != x509.ExtKeyUsageServerAuth || len(cert.UnknownExtKeyUsage) != 0 {
-				t.Errorf("ExtKeyUsage %v, want exactly [ServerAuth]", cert.ExtKeyUsage)
-			}
-			if cert.KeyUsage != x509.KeyUsageDigitalSignature {
-				t.Errorf("KeyUsage %v", cert.KeyUsage)
-			}
-			if cert.IsCA || !cert.BasicConstraintsValid {
-				t.Errorf("IsCA=%v BasicConstraintsValid=%v", cert.IsCA, cert.BasicConstraintsValid)
-			}
-			if strings.Join(cert.DNSNames, ",") != "worker-1,worker-1.example" {
-				t.Errorf("DNSNames %v", cert.DNSNames)
-			}
-			if len(cert.IPAddresses) != 2 || !cert.IPAddresses[0].Equal(net.ParseIP("10.5.0.2")) || !cert.IPAddresses[1].Equal(net.ParseIP("fd00::2")) {
-				t.Errorf("IPAddresses %v", cert.IPAddresses)
-			}
-			if life := cert.NotAfter.Sub(now); life <= 12*time.Hour {
-				t.Errorf("validity %v, must exceed 12 h", life)
-			}
-			if cert.SignatureAlgorithm != c.wantSig {
-				t.Errorf("SignatureAlgorithm %v, want %v (from the CA key)", cert.SignatureAlgorithm, c.wantSig)
-			}
-			if cert.SerialNumber.BitLen() < 120 {
-				t.Errorf("serial has %d bits", cert.SerialNumber.BitLen())
-			}
-			pool := x509.NewCertPool()
-			pool.AddCert(ca.cert)
-			if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: "worker-1.example"}); err != nil {
-				t.Errorf("issued certificate does not verify: %v", err)
-			}
-			if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
-				t.Error("issued certificate is valid for ClientAuth")
-			}
+			cert := parseIssued(t, issued)
+			checkWorkerProfile(t, cert, now, c.wantSig)
+			checkWorkerChain(t, cert, ca.cert)
 		})
+	}
+}
+
+// parseIssued parses what Issue returned and checks that the fields it
+// reports are the certificate's.
+func parseIssued(t *testing.T, issued *pki.Issued) *x509.Certificate {
+	t.Helper()
+	cert, err := x509.ParseCertificate(issued.Raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cert.SerialNumber.Cmp(issued.SerialNumber) != 0 || !cert.NotAfter.Equal(issued.NotAfter) {
+		t.Errorf("Issued reports serial %x not after %v; the certificate has %x, %v", issued.SerialNumber, issued.NotAfter, cert.SerialNumber, cert.NotAfter)
+	}
+	return cert
+}
+
+// checkWorkerProfile checks the protocol's apid certificate profile on a
+// certificate issued at now for worker-1's CSR.
+func checkWorkerProfile(t *testing.T, cert *x509.Certificate, now time.Time, wantSig x509.SignatureAlgorithm) {
+	t.Helper()
+	if len(cert.Subject.Organization) != 0 {
+		t.Errorf("Organization not stripped: %v", cert.Subject.Organization)
+	}
+	if cert.Subject.CommonName != "worker-1" {
+		t.Errorf("CommonName %q", cert.Subject.CommonName)
+	}
+	if len(cert.ExtKeyUsage) != 1 || cert.ExtKeyUsage[0] != x509.ExtKeyUsageServerAuth || len(cert.UnknownExtKeyUsage) != 0 {
+		t.Errorf("ExtKeyUsage %v, want exactly [ServerAuth]", cert.ExtKeyUsage)
+	}
+	if cert.KeyUsage != x509.KeyUsageDigitalSignature {
+		t.Errorf("KeyUsage %v", cert.KeyUsage)
+	}
+	if cert.IsCA || !cert.BasicConstraintsValid {
+		t.Errorf("IsCA=%v BasicConstraintsValid=%v", cert.IsCA, cert.BasicConstraintsValid)
+	}
+	if strings.Join(cert.DNSNames, ",") != "worker-1,worker-1.example" {
+		t.Errorf("DNSNames %v", cert.DNSNames)
+	}
+	if len(cert.IPAddresses) != 2 || !cert.IPAddresses[0].Equal(net.ParseIP("10.5.0.2")) || !cert.IPAddresses[1].Equal(net.ParseIP("fd00::2")) {
+		t.Errorf("IPAddresses %v", cert.IPAddresses)
+	}
+	if life := cert.NotAfter.Sub(now); life <= 12*time.Hour {
+		t.Errorf("validity %v, must exceed 12 h", life)
+	}
+	if cert.SignatureAlgorithm != wantSig {
+		t.Errorf("SignatureAlgorithm %v, want %v (from the CA key)", cert.SignatureAlgorithm, wantSig)
+	}
+	if cert.SerialNumber.BitLen() < 120 {
+		t.Errorf("serial has %d bits", cert.SerialNumber.BitLen())
+	}
+}
+
+// checkWorkerChain checks that cert verifies to ca for ServerAuth and
+// never for ClientAuth.
+func checkWorkerChain(t *testing.T, cert, ca *x509.Certificate) {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: "worker-1.example"}); err != nil {
+		t.Errorf("issued certificate does not verify: %v", err)
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
+		t.Error("issued certificate is valid for ClientAuth")
 	}
 }
 

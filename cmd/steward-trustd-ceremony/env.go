@@ -24,6 +24,9 @@ type environment struct {
 	keys  func(logger *slog.Logger) (keystore.Keys, error)
 	clock func() time.Time
 	rand  io.Reader
+	// tpmDial opens TPMs for the commands that use one outside a key
+	// (policy quote, reading PCR values to approve); nil means tpmdev.Dial.
+	tpmDial tpm.DialFunc
 }
 
 func defaultEnvironment() *environment {

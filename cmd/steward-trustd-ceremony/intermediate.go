@@ -51,6 +51,13 @@ func intermediateRequestCmd(env *environment, stdout, stderr io.Writer) *cobra.C
 			if o.Out, err = outTarget(out); err != nil {
 				return err
 			}
+			if dir == "" {
+				dir = o.Out.Dir.Path("")
+			}
+			// A node key may live under PCR-policy authorities too (issue 12).
+			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, k.authorities, dir); err != nil {
+				return err
+			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 				d, err := receiptsDir(dir, o.Out.Dir.Path(o.Out.Name))
 				if err != nil {

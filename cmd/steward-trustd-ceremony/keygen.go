@@ -16,13 +16,15 @@ import (
 
 // keyFlags are the flags of commands that create a key.
 type keyFlags struct {
-	algorithm string
-	pcrs      []int
+	algorithm   string
+	pcrs        []int
+	authorities []string
 }
 
 func (k *keyFlags) register(cmd *cobra.Command, algUsage, pcrsUsage string) {
 	cmd.Flags().StringVar(&k.algorithm, "algorithm", "p256", algUsage)
 	cli.PCRsVar(cmd.Flags(), &k.pcrs, "pcrs", pcrsUsage)
+	cli.ListVar(cmd.Flags(), &k.authorities, "policy-authority", nil, policyAuthorityUsage)
 }
 
 // key parses --algorithm and binds uri to --pcrs (tpm: only).
@@ -48,6 +50,9 @@ func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			}
 			var err error
 			if o.SignerURI, o.Algorithm, err = k.key(o.SignerURI); err != nil {
+				return err
+			}
+			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, k.authorities, out); err != nil {
 				return err
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
@@ -114,6 +119,7 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var o keystore.ImportOptions
 	var src importFlags
 	var out string
+	var authorities []string
 	c := &cobra.Command{
 		Use:   "import --signer URI (--key os-ca.key --cert os-ca.crt | --talos-secrets secrets.yaml) --out DIR",
 		Short: "Move an existing OS CA key onto the device as non-extractable",
@@ -123,6 +129,9 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			}
 			var err error
 			if o.Source, err = src.source(); err != nil {
+				return err
+			}
+			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, authorities, out); err != nil {
 				return err
 			}
 			err = env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
@@ -146,6 +155,7 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	f.StringVar(&o.Cluster, "cluster", "", "cluster name for the Kubernetes Secret (default: the CA's common name, or talos)")
 	f.StringVar(&out, "out", "", "ceremony directory")
 	f.BoolVar(&o.Force, "force", false, "replace existing output files (device keys are never replaced)")
+	cli.ListVar(f, &authorities, "policy-authority", nil, policyAuthorityUsage)
 	return c
 }
 
@@ -173,6 +183,9 @@ chain as the daemon will and makes it issuer.crt; then restart the daemon on the
 			}
 			var err error
 			if o.NewSignerURI, o.Algorithm, err = k.key(o.NewSignerURI); err != nil {
+				return err
+			}
+			if o.NewSignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.NewSignerURI, k.authorities, out); err != nil {
 				return err
 			}
 			if intermediate {
@@ -208,7 +221,7 @@ func rotateIntermediate(cmd *cobra.Command, env *environment, stdout, stderr io.
 }
 
 func rotateFinish(cmd *cobra.Command, env *environment, stdout, stderr io.Writer, d keystore.Dir, uri string, intermediate bool) error {
-	for _, n := range []string{"algorithm", "pcrs", "hours", "name"} {
+	for _, n := range []string{"algorithm", "pcrs", "hours", "policy-authority", "name"} {
 		if cmd.Flags().Changed(n) {
 			return cli.Usagef("--%s applies to starting a rotation, not to --finish", n)
 		}

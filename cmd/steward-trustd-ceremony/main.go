@@ -59,6 +59,7 @@ Exit codes: 0 success, 1 the operation failed, 2 usage error.`,
 		rotateCmd(env, stdout, stderr),
 		intermediateCmd(env, stdout, stderr),
 		statusCmd(env, stdout, stderr),
+		policyCmd(env, stdout, stderr),
 		doctorCmd(stdout),
 	)
 	cli.Setup(root, version)

@@ -44,6 +44,7 @@ func printOutcome(w io.Writer, o *keystore.Outcome) {
 
 func printStatus(w io.Writer, st *keystore.Status) {
 	printKey(w, st)
+	printSignedPolicy(w, st.SignedPolicy)
 	if ca := st.CA; ca != nil {
 		printCert(w, "CA", ca)
 	}

@@ -59,8 +59,8 @@ func settings() []setting {
 		{"idle-timeout", "TRUSTD_IDLE_TIMEOUT", "a connection without requests this long is closed (default 30s)", false},
 		{"connection-age-grace", "TRUSTD_CONNECTION_AGE_GRACE", "time requests get to finish when a connection reaches its 10-minute age (default 10s)", false},
 		{"max-header-bytes", "TRUSTD_MAX_HEADER_BYTES", "bound on a request's header list, in bytes (default 8192)", false},
-		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "hard bound on requests holding or waiting for the signer; more get ResourceExhausted at once (default 1024)", false},
-		{"signer-wait", "TRUSTD_SIGNER_WAIT", "admit only as many requests as the signer, at its measured rate, serves within this time (default 2s)", false},
+		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "hard bound on requests holding or waiting for the signer; beyond it the worker seen last gets ResourceExhausted at once (default 1024)", false},
+		{"signer-wait", "TRUSTD_SIGNER_WAIT", "deadline of a request that carries none; a request waits for the signer until its deadline and reaches it only if it can finish by then (default 2s)", false},
 		{"reload-interval", "TRUSTD_RELOAD_INTERVAL", "how often the cert dir is checked for changes (default 5s)", false},
 		{"ready-window", "TRUSTD_READY_WINDOW", "the signer counts as ready for this long after a good signature; idle, it is probed every half window (default 30s)", false},
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/go-tpm/tpm2"
 )
@@ -30,9 +31,20 @@ import (
 //	    commandCode   [0] EXPLICIT INTEGER,
 //	    commandPolicy [1] EXPLICIT OCTET STRING }
 //
-// The policy list is exactly TPM2_PolicyPCR (commandPolicy = TPML_PCR_SELECTION
-// || pcrDigest, as openssl_tpm2_engine marshals it) followed by
-// TPM2_PolicyCommandCode (commandPolicy = the 4-byte TPM_CC_Sign).
+// The policy list of a PCR-bound key is exactly TPM2_PolicyPCR
+// (commandPolicy = TPML_PCR_SELECTION || pcrDigest, as openssl_tpm2_engine
+// marshals it) followed by TPM2_PolicyCommandCode (commandPolicy = the
+// 4-byte TPM_CC_Sign).
+//
+// A key under policy authorities (signed policies) follows the draft's
+// rule that "the first policy statement MUST be TPM2_PolicyAuthorize":
+// one TPM2_PolicyAuthorize per authority (commandPolicy = TPM2B_PUBLIC
+// keySign || TPM2B_DIGEST policyRef || TPMT_SIGNATURE with sigAlg
+// TPM_ALG_NULL, the empty signature), then TPM2_PolicyCommandCode(Sign),
+// and, with two or more authorities, TPM2_PolicyOR (commandPolicy =
+// TPML_DIGEST of the branches PolicyAuthorize(A_i) -> CC(Sign)). The
+// draft defines no OR of signed policies; a single-authority blob is
+// exactly the draft's encoding.
 
 // pemType is the PEM block type of a key blob file.
 const pemType = "TSS2 PRIVATE KEY"
@@ -66,19 +78,54 @@ type keyBlob struct {
 	pcrs    []int
 	// pcrDigest is the SHA-256 over the policy PCRs' values at creation.
 	pcrDigest []byte
+	// authorities are the policy authorities of a key under signed
+	// policies; pcrs and pcrDigest are then empty.
+	authorities []*Authority
+}
+
+// authPolicy is the authPolicy the blob's policy list gives.
+func (k *keyBlob) authPolicy() ([]byte, error) {
+	if len(k.authorities) > 0 {
+		p, _, err := authorizedPolicy(k.authorities)
+		return p, err
+	}
+	return computeAuthPolicy(k.pcrs, k.pcrDigest)
+}
+
+// policyStatements is the blob's policy list.
+func (k *keyBlob) policyStatements() ([]asnPolicy, error) {
+	cc := asnPolicy{CommandCode: int(tpm2.TPMCCPolicyCommandCode), CommandPolicy: binary.BigEndian.AppendUint32(nil, uint32(tpm2.TPMCCSign))}
+	if len(k.authorities) == 0 {
+		sel := tpm2.Marshal(pcrSelection(k.pcrs))
+		return []asnPolicy{{CommandCode: int(tpm2.TPMCCPolicyPCR), CommandPolicy: append(sel, k.pcrDigest...)}, cc}, nil
+	}
+	var out []asnPolicy
+	for _, a := range k.authorities {
+		b := tpm2.Marshal(tpm2.New2B(a.public))
+		b = append(b, tpm2.Marshal(tpm2.TPM2BDigest{Buffer: []byte(PolicyRef)})...)
+		b = append(b, tpm2.Marshal(tpm2.TPMTSignature{SigAlg: tpm2.TPMAlgNull})...)
+		out = append(out, asnPolicy{CommandCode: int(tpm2.TPMCCPolicyAuthorize), CommandPolicy: b})
+	}
+	out = append(out, cc)
+	if len(k.authorities) > 1 {
+		_, branches, err := authorizedPolicy(k.authorities)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, asnPolicy{CommandCode: int(tpm2.TPMCCPolicyOR), CommandPolicy: tpm2.Marshal(digestList(branches))})
+	}
+	return out, nil
 }
 
 func (k *keyBlob) marshalPEM(description string) ([]byte, error) {
-	sel := tpm2.Marshal(pcrSelection(k.pcrs))
-	pcrPolicy := append(sel, k.pcrDigest...)
-	cc := binary.BigEndian.AppendUint32(nil, uint32(tpm2.TPMCCSign))
+	policy, err := k.policyStatements()
+	if err != nil {
+		return nil, err
+	}
 	der, err := asn1.Marshal(asnKey{
-		Type:      oidLoadableKey,
-		EmptyAuth: true,
-		Policy: []asnPolicy{
-			{CommandCode: int(tpm2.TPMCCPolicyPCR), CommandPolicy: pcrPolicy},
-			{CommandCode: int(tpm2.TPMCCPolicyCommandCode), CommandPolicy: cc},
-		},
+		Type:        oidLoadableKey,
+		EmptyAuth:   true,
+		Policy:      policy,
 		Description: description,
 		Parent:      int64(tpm2.TPMRHOwner),
 		PubKey:      tpm2.Marshal(k.public),
@@ -125,19 +172,88 @@ func parseKeyBlob(data []byte) (*keyBlob, error) {
 		return nil, fmt.Errorf("decode key blob private area: %w", err)
 	}
 	blob.private = *priv
+	if len(k.Policy) > 0 && k.Policy[0].CommandCode == int(tpm2.TPMCCPolicyAuthorize) {
+		blob.authorities, err = parseAuthorizedPolicy(k.Policy)
+		return blob, err
+	}
 	if len(k.Policy) != 2 ||
 		k.Policy[0].CommandCode != int(tpm2.TPMCCPolicyPCR) ||
-		k.Policy[1].CommandCode != int(tpm2.TPMCCPolicyCommandCode) {
-		return nil, errors.New("key blob policy is not PolicyPCR + PolicyCommandCode(TPM2_Sign)")
-	}
-	if cc := k.Policy[1].CommandPolicy; len(cc) != 4 || tpm2.TPMCC(binary.BigEndian.Uint32(cc)) != tpm2.TPMCCSign {
-		return nil, errors.New("key blob PolicyCommandCode is not TPM2_Sign")
+		!isSignCC(k.Policy[1]) {
+		return nil, errors.New("key blob policy is not PolicyPCR + PolicyCommandCode(TPM2_Sign), nor signed policies")
 	}
 	blob.pcrs, blob.pcrDigest, err = parsePCRPolicy(k.Policy[0].CommandPolicy)
 	if err != nil {
 		return nil, err
 	}
 	return blob, nil
+}
+
+func isSignCC(p asnPolicy) bool {
+	cc := p.CommandPolicy
+	return p.CommandCode == int(tpm2.TPMCCPolicyCommandCode) && len(cc) == 4 && tpm2.TPMCC(binary.BigEndian.Uint32(cc)) == tpm2.TPMCCSign
+}
+
+// parseAuthorizedPolicy reads the authorities of a signed-policy list:
+// PolicyAuthorize statements, PolicyCommandCode(Sign), and PolicyOR when
+// there are two or more (see the file format above). The caller checks
+// that the list reproduces the key's authPolicy.
+func parseAuthorizedPolicy(ps []asnPolicy) ([]*Authority, error) {
+	n := slices.IndexFunc(ps, func(p asnPolicy) bool { return p.CommandCode != int(tpm2.TPMCCPolicyAuthorize) })
+	want := n + 1
+	if n > 1 {
+		want++
+	}
+	if n < 1 || n > MaxAuthorities || len(ps) != want || !isSignCC(ps[n]) {
+		return nil, errors.New("key blob signed policy is not PolicyAuthorize... + PolicyCommandCode(TPM2_Sign) [+ PolicyOR]")
+	}
+	if n > 1 && ps[n+1].CommandCode != int(tpm2.TPMCCPolicyOR) {
+		return nil, errors.New("key blob with several policy authorities has no PolicyOR")
+	}
+	auths := make([]*Authority, n)
+	for i := range n {
+		a, err := parsePolicyAuthorize(ps[i].CommandPolicy)
+		if err != nil {
+			return nil, fmt.Errorf("key blob PolicyAuthorize %d: %w", i, err)
+		}
+		auths[i] = a
+	}
+	return auths, nil
+}
+
+// parsePolicyAuthorize decodes TPM2B_PUBLIC keySign || TPM2B_DIGEST
+// policyRef || TPMT_SIGNATURE (empty).
+func parsePolicyAuthorize(b []byte) (*Authority, error) {
+	pubBytes, rest, err := cut2B(b)
+	if err != nil {
+		return nil, err
+	}
+	ref, rest, err := cut2B(rest)
+	if err != nil {
+		return nil, err
+	}
+	if string(ref) != PolicyRef {
+		return nil, fmt.Errorf("policyRef %q is not %q", ref, PolicyRef)
+	}
+	if !bytes.Equal(rest, tpm2.Marshal(tpm2.TPMTSignature{SigAlg: tpm2.TPMAlgNull})) {
+		return nil, errors.New("the policy signature must be empty")
+	}
+	pub, err := tpm2.Unmarshal[tpm2.TPMTPublic](pubBytes)
+	if err != nil {
+		return nil, fmt.Errorf("keySign: %w", err)
+	}
+	return authorityFromPublic(*pub)
+}
+
+// cut2B splits a TPM2B (2-byte big-endian size, then the bytes) off b.
+func cut2B(b []byte) (body, rest []byte, err error) {
+	if len(b) < 2 {
+		return nil, nil, errors.New("truncated")
+	}
+	n := int(binary.BigEndian.Uint16(b))
+	if len(b) < 2+n {
+		return nil, nil, errors.New("truncated")
+	}
+	return b[2 : 2+n], b[2+n:], nil
 }
 
 // parsePCRPolicy splits a PolicyPCR commandPolicy into the sha256 PCR

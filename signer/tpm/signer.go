@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"math/big"
+	"strings"
 	"sync"
 	"time"
 
@@ -46,6 +47,7 @@ type Signer struct {
 	lastErr     error
 	deviceUp    bool
 	policyState int // 0 unknown, 1 satisfied, 2 not satisfied
+	auth        authorizedState
 }
 
 func (b *Backend) newSigner(ctx context.Context, u KeyURI, km *keyMaterial) (*Signer, error) {
@@ -103,11 +105,23 @@ func (s *Signer) setPublic(p *tpm2.TPMTPublic) error {
 		Algorithm:    signer.AlgorithmName(pub),
 		Fingerprint:  fp,
 		Extractable:  false,
-		Policy:       "pcr " + s.pcrDesc + " + CC_Sign",
+		Policy:       s.policyDesc(),
 		PolicyDigest: hex.EncodeToString(p.AuthPolicy.Buffer),
 		Location:     s.uri.String(),
 	}
 	return nil
+}
+
+// policyDesc names the key's policy for Describe.
+func (s *Signer) policyDesc() string {
+	if len(s.km.authorities) == 0 {
+		return "pcr " + s.pcrDesc + " + CC_Sign"
+	}
+	fps := make([]string, len(s.km.authorities))
+	for i, a := range s.km.authorities {
+		fps[i] = a.fp
+	}
+	return "authorized by " + strings.Join(fps, " | ") + " (ref " + PolicyRef + ") + CC_Sign; approvals " + s.uri.Approvals
 }
 
 // loadKey makes the key usable on a fresh connection: a blob is loaded
@@ -256,6 +270,9 @@ func (s *Signer) setPolicyStateLocked(ok bool, err error) {
 	prev := s.policyState
 	s.policyState = state
 	switch {
+	case !ok && len(s.km.authorities) > 0:
+		s.logger.Error("tpm: no approval covers the current PCR state; signing is refused until an approval of this state is added to the approvals directory (no restart needed)",
+			"location", s.desc.Location, "policy", s.desc.Policy, "error", err)
 	case !ok:
 		s.logger.Error("tpm: key use policy not satisfied; signing is refused until the PCRs match again",
 			"location", s.desc.Location, "policy", s.desc.Policy, "error", err)
@@ -268,6 +285,9 @@ func (s *Signer) setPolicyStateLocked(ok bool, err error) {
 // the TPM response code (if any) in the chain.
 func (s *Signer) policyErr(rc error) error {
 	msg := fmt.Sprintf("tpm: PCR policy not satisfied: the %s PCR values differ from those the key is bound to", s.pcrDesc)
+	if len(s.km.authorities) > 0 {
+		msg = "tpm: signed PCR policy not satisfied: the PCRs changed during the signature; the next one looks for an approval of the new state"
+	}
 	if rc == nil {
 		return fmt.Errorf("%s: %w", msg, signer.ErrPolicyNotSatisfied)
 	}
@@ -280,6 +300,9 @@ func (s *Signer) policyErr(rc error) error {
 // session digest just ends up wrong and TPM2_Sign fails with
 // TPM_RC_POLICY_FAIL.
 func (s *Signer) runPolicy(t transport.TPM, sess tpm2.TPMHandle) error {
+	if len(s.km.authorities) > 0 {
+		return s.runAuthorized(t, sess)
+	}
 	_, err := tpm2.PolicyPCR{
 		PolicySession: sess,
 		PcrDigest:     tpm2.TPM2BDigest{Buffer: s.km.pcrDigest},

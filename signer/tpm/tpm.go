@@ -12,6 +12,7 @@
 //	tpm-uri   = "tpm:" attr *( ";" attr )
 //	attr      = key "=" value          ; each key at most once, value non-empty
 //	key       = "path" | "handle" | "device" | "swtpm" | "socket" | "pcrs" | "timeout"
+//	          | "approvals" | "authority"
 //
 //	path=/abs/clean/file.tpmkey   key blob file (TSS2 PRIVATE KEY PEM)
 //	handle=0x81xxxxxx             persistent handle, owner range 0x81000000-0x817fffff
@@ -20,6 +21,8 @@
 //	socket=/abs/path              swtpm --server type=unixio socket
 //	pcrs=7,11                     sha256 PCRs the key is bound to, 0-23 (default 7)
 //	timeout=5s                    bound on each TPM operation (default 10s)
+//	approvals=/abs/dir            approvals directory of a key under a policy authority
+//	authority=B64URL[,B64URL]     creation only: policy authorities (see WithAuthorities)
 //
 // Exactly one of path and handle is required; at most one of device, swtpm
 // and socket may be given (none means /dev/tpmrm0, else /dev/tpm0). Unknown
@@ -29,6 +32,12 @@
 // a pcrs attribute, if given, must equal it. A persistent handle carries no
 // blob, so for handle= keys the pcrs attribute (default 7) names the
 // selection, and a wrong one shows as an unsatisfied policy.
+//
+// A key created under policy authorities (signed PCR policies) has the
+// policy PolicyAuthorize(authority, PolicyRef) -> PolicyCommandCode(Sign)
+// (PolicyOR of such branches for several authorities) and signs in any
+// PCR state an authority approved in a file of its approvals directory;
+// see authorized.go and README.md.
 //
 // Examples:
 //
@@ -83,6 +92,10 @@ type Backend struct {
 	// call within it fails at once with signer.ErrDeviceUnavailable.
 	// Zero means DefaultRetryInterval.
 	RetryInterval time.Duration
+	// ApprovalsReload is how often (at most) the approvals directory of a
+	// key under policy authorities is re-read; zero means
+	// DefaultApprovalsReload.
+	ApprovalsReload time.Duration
 }
 
 // Scheme implements signer.Backend.
@@ -182,7 +195,10 @@ func (b *Backend) Open(ctx context.Context, uri string) (signer.Signer, error) {
 			return nil, err
 		}
 	} else {
-		k = &keyMaterial{pcrs: u.PCRs}
+		k = &keyMaterial{pcrs: u.PCRs, authorities: u.Authorities}
+	}
+	if err := b.attachApprovals(u, k); err != nil {
+		return nil, err
 	}
 	return b.newSigner(ctx, u, k)
 }
@@ -193,6 +209,37 @@ type keyMaterial struct {
 	pcrs []int
 	// pcrDigest is the expected PCR digest, when a blob records it.
 	pcrDigest []byte
+	// authorities of a key under signed policies (nil for a PCR-bound
+	// key), the PolicyOR branches when there are several, and the
+	// approvals directory.
+	authorities []*Authority
+	branches    [][]byte
+	approvals   *approvalDir
+}
+
+// attachApprovals checks that a key under policy authorities has an
+// approvals directory and a PCR-bound key has none, and prepares it.
+func (b *Backend) attachApprovals(u KeyURI, k *keyMaterial) error {
+	switch {
+	case len(k.authorities) == 0 && u.Approvals != "":
+		return fmt.Errorf("tpm: %s: approvals= applies to keys under a policy authority; this key is bound to fixed PCR values: %w", u, signer.ErrInvalidURI)
+	case len(k.authorities) == 0:
+		return nil
+	case u.Approvals == "":
+		return fmt.Errorf("tpm: %s: the key is under a policy authority; name its approvals directory with approvals=/dir: %w", u, signer.ErrInvalidURI)
+	}
+	_, branches, err := authorizedPolicy(k.authorities)
+	if err != nil {
+		return err
+	}
+	k.branches = branches
+	k.approvals = newApprovalDir(u.Approvals, k.authorities, b.ApprovalsReload, b.logger())
+	return nil
+}
+
+// sameAuthorities reports whether a and b name the same keys in order.
+func sameAuthorities(a, b []*Authority) bool {
+	return slices.EqualFunc(a, b, func(x, y *Authority) bool { return x.fp == y.fp })
 }
 
 func readBlobFile(u KeyURI) (*keyMaterial, error) {
@@ -212,7 +259,9 @@ func readBlobFile(u KeyURI) (*keyMaterial, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tpm: key blob %s: %w", u.Path, err)
 	}
-	if u.PCRsSet && !slices.Equal(u.PCRs, blob.pcrs) {
+	if len(blob.authorities) > 0 {
+		blob.pcrs = u.PCRs // the PCRs the ceremony approves; any approval may name others
+	} else if u.PCRsSet && !slices.Equal(u.PCRs, blob.pcrs) {
 		return nil, fmt.Errorf("tpm: key blob %s is bound to sha256 PCRs %s but the URI says pcrs=%s: %w",
 			u.Path, pcrList(blob.pcrs), pcrList(u.PCRs), signer.ErrInvalidURI)
 	}
@@ -223,14 +272,17 @@ func readBlobFile(u KeyURI) (*keyMaterial, error) {
 	if _, err := checkKeyPublic(pub); err != nil {
 		return nil, fmt.Errorf("tpm: key blob %s: %w", u.Path, err)
 	}
-	want, err := computeAuthPolicy(blob.pcrs, blob.pcrDigest)
+	want, err := blob.authPolicy()
 	if err != nil {
 		return nil, err
 	}
 	if !slices.Equal(want, pub.AuthPolicy.Buffer) {
 		return nil, fmt.Errorf("tpm: key blob %s: its recorded policy does not reproduce the key's authPolicy", u.Path)
 	}
-	return &keyMaterial{blob: blob, pcrs: blob.pcrs, pcrDigest: blob.pcrDigest}, nil
+	if len(u.Authorities) > 0 && !sameAuthorities(u.Authorities, blob.authorities) {
+		return nil, fmt.Errorf("tpm: key blob %s is under other policy authorities than the URI's authority=: %w", u.Path, signer.ErrInvalidURI)
+	}
+	return &keyMaterial{blob: blob, pcrs: blob.pcrs, pcrDigest: blob.pcrDigest, authorities: blob.authorities}, nil
 }
 
 // curveFor maps an algorithm to a TPM curve, refusing what a TPM cannot hold.
@@ -277,7 +329,7 @@ func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm
 		if err != nil {
 			return fmt.Errorf("create key (TPM2_Create): %w", err)
 		}
-		blob = &keyBlob{public: rsp.OutPublic, private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest}
+		blob = &keyBlob{public: rsp.OutPublic, private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest, authorities: u.Authorities}
 		return b.persist(t, u, parent, blob)
 	}))
 	if err != nil {
@@ -310,6 +362,14 @@ func (b *Backend) reclaiming(u KeyURI, op func(t transport.TPM) error) func(t tr
 func prepareKey(t transport.TPM, u KeyURI, curve tpm2.TPMECCCurve) (pcrDigest, policy []byte, parent *srk, err error) {
 	if err := checkCurveAndHandle(t, u, curve); err != nil {
 		return nil, nil, nil, err
+	}
+	if len(u.Authorities) > 0 {
+		// Signed policies: nothing depends on the PCRs now.
+		if policy, _, err = authorizedPolicy(u.Authorities); err != nil {
+			return nil, nil, nil, err
+		}
+		parent, err = createSRK(t)
+		return nil, policy, parent, err
 	}
 	values, err := ReadPCRs(t, u.PCRs)
 	if err != nil {
@@ -395,7 +455,7 @@ func (b *Backend) Import(ctx context.Context, uri string, key crypto.Signer) (si
 		if err != nil {
 			return fmt.Errorf("import key (TPM2_Import): %w", err)
 		}
-		blob = &keyBlob{public: tpm2.New2B(pub), private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest}
+		blob = &keyBlob{public: tpm2.New2B(pub), private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest, authorities: u.Authorities}
 		return b.persist(t, u, parent, blob)
 	}))
 	if err != nil {
@@ -509,9 +569,12 @@ func (b *Backend) persist(t transport.TPM, u KeyURI, parent *srk, blob *keyBlob)
 
 // finish opens the signer for a key just created.
 func (b *Backend) finish(ctx context.Context, u KeyURI, blob *keyBlob, how string) (*Signer, error) {
-	k := &keyMaterial{pcrs: u.PCRs, pcrDigest: blob.pcrDigest}
+	k := &keyMaterial{pcrs: u.PCRs, pcrDigest: blob.pcrDigest, authorities: blob.authorities}
 	if u.Path != "" {
 		k.blob = blob
+	}
+	if err := b.attachApprovals(u, k); err != nil {
+		return nil, err
 	}
 	s, err := b.newSigner(ctx, u, k)
 	if err != nil {

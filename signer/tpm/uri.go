@@ -1,6 +1,9 @@
 package tpm
 
 import (
+	"crypto"
+	"crypto/x509"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -103,6 +106,13 @@ type KeyURI struct {
 	PCRsSet bool
 	// Timeout bounds each TPM operation (DefaultTimeout if not named).
 	Timeout time.Duration
+	// Approvals is the approvals directory of a key under policy
+	// authorities (approvals=DIR); empty for a PCR-bound key.
+	Approvals string
+	// Authorities are the policy authorities a new key is created under
+	// (authority=, set by the ceremony with WithAuthorities). For Open of
+	// a blob the authorities come from the blob, and these must equal them.
+	Authorities []*Authority
 }
 
 // String renders the URI in canonical attribute order. It holds no secret.
@@ -121,6 +131,9 @@ func (u KeyURI) String() string {
 	}
 	if u.Timeout != DefaultTimeout {
 		parts = append(parts, "timeout="+u.Timeout.String())
+	}
+	if u.Approvals != "" {
+		parts = append(parts, "approvals="+u.Approvals)
 	}
 	return Scheme + ":" + strings.Join(parts, ";")
 }
@@ -158,6 +171,8 @@ func ParseURI(uri string) (KeyURI, error) {
 		return KeyURI{}, uriErr("give path= or handle=, not both")
 	case p.u.Path == "" && p.u.Handle == 0:
 		return KeyURI{}, uriErr("URI names no key (want path=/file.tpmkey or handle=0x81000100)")
+	case len(p.u.Authorities) > 0 && p.u.Approvals == "":
+		return KeyURI{}, uriErr("a key under a policy authority needs its approvals directory (approvals=/dir)")
 	}
 	return p.u, nil
 }
@@ -205,8 +220,12 @@ func (p *uriParser) apply(k, v string) error {
 		p.u.PCRsSet = true
 	case "timeout":
 		p.u.Timeout, err = parseTimeout(v)
+	case "approvals":
+		p.u.Approvals, err = absCleanPath(k, v)
+	case "authority":
+		p.u.Authorities, err = parseAuthorities(v)
 	default:
-		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout)", k)
+		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority)", k)
 	}
 	return err
 }
@@ -334,4 +353,63 @@ func scheme(uri string) string {
 		return "(no scheme)"
 	}
 	return s + ":"
+}
+
+// parseAuthorities decodes authority=: a comma-separated list of base64url
+// (unpadded) DER SubjectPublicKeyInfo, at most MaxAuthorities, distinct.
+func parseAuthorities(v string) ([]*Authority, error) {
+	var out []*Authority
+	for _, f := range strings.Split(v, ",") {
+		der, err := base64.RawURLEncoding.DecodeString(f)
+		if err != nil {
+			return nil, uriErr("authority: not base64url DER public key: %v", err)
+		}
+		pub, err := x509.ParsePKIXPublicKey(der)
+		if err != nil {
+			return nil, uriErr("authority: %v", err)
+		}
+		a, err := NewAuthority(pub)
+		if err != nil {
+			return nil, uriErr("authority: %v", err)
+		}
+		if slices.ContainsFunc(out, func(x *Authority) bool { return x.fp == a.fp }) {
+			return nil, uriErr("authority %s given twice", a.fp)
+		}
+		out = append(out, a)
+	}
+	if len(out) > MaxAuthorities {
+		return nil, uriErr("at most %d policy authorities (PolicyOR branches)", MaxAuthorities)
+	}
+	return out, nil
+}
+
+// WithAuthorities returns the tpm: key URI uri with the policy authorities
+// pubs (authority=), so that Generate and Import create the key under
+// PolicyAuthorize of each (PolicyOR of the branches for two or more).
+// uri must name approvals=DIR and no authority yet. Every error wraps
+// signer.ErrInvalidURI (or signer.ErrUnsupportedAlgorithm for a key that
+// cannot be an authority).
+func WithAuthorities(uri string, pubs []crypto.PublicKey) (string, error) {
+	if len(pubs) == 0 {
+		return uri, nil
+	}
+	if !IsKeyURI(uri) {
+		return "", uriErr("a policy authority only applies to %s: key URIs, not %q", Scheme, scheme(uri))
+	}
+	parts := make([]string, len(pubs))
+	for i, pub := range pubs {
+		if _, err := NewAuthority(pub); err != nil {
+			return "", err
+		}
+		der, err := x509.MarshalPKIXPublicKey(pub)
+		if err != nil {
+			return "", uriErr("authority: %v", err)
+		}
+		parts[i] = base64.RawURLEncoding.EncodeToString(der)
+	}
+	out := uri + ";authority=" + strings.Join(parts, ",")
+	if _, err := ParseURI(out); err != nil {
+		return "", err
+	}
+	return out, nil
 }

@@ -59,6 +59,10 @@ func TestParseURI(t *testing.T) {
 		{uri: "tpm:path=/a;timeout=soon", wantErr: "timeout"},
 		{uri: "tpm:path=/a\x00b", wantErr: "control character"},
 		{uri: "tpm:path=/a\nb", wantErr: "control character"},
+		{uri: "tpm:path=/a;approvals=rel", wantErr: "not an absolute path"},
+		{uri: "tpm:path=/a;authority=!!", wantErr: "authority"},
+		{uri: "tpm:path=/a;authority=AAAA", wantErr: "authority"},
+		{uri: "tpm:path=/a;approvals=/d;authority=MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE", wantErr: "authority"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.uri, func(t *testing.T) {
@@ -91,6 +95,8 @@ func FuzzParseURI(f *testing.F) {
 		"tpm:path=/k;swtpm=127.0.0.1:2321",
 		"tpm:path=/k;socket=/s",
 		"tpm:;;==",
+		"tpm:path=/k;approvals=/etc/steward-trustd/approvals",
+		"tpm:path=/k;approvals=/d;authority=AAAA,BBBB",
 	} {
 		f.Add(s)
 	}

@@ -120,65 +120,74 @@ func TestTPMBackend(t *testing.T) {
 	t.Run("talos worker", d.talosWorkers)
 
 	c := d.client(t)
-	t.Run("pcr policy", func(t *testing.T) {
-		sw.ExtendPCR(t, 7, []byte("boot changed"))
-		if code := d.request(c); code != codes.Unavailable {
-			t.Fatalf("after PCR extend: %v, want Unavailable", code)
-		}
-		eventually(t, 10*time.Second, "readyz 503 after PCR change", func() bool { return get(d.health+"/readyz") == 503 })
-		if n := strings.Count(d.Logs(), `"msg":"signer failing"`); n != 1 {
-			t.Fatalf("signer failure logged %d times, want once", n)
-		}
-		if !strings.Contains(d.Logs(), `"kind":"policy"`) {
-			t.Fatalf("failure not classified as a policy failure\n%s", d.Logs())
-		}
-		sw.Restart(t) // PCRs reset to their boot values
-		eventually(t, 30*time.Second, "issuance after TPM reset", func() bool { return d.request(c) == codes.OK })
-		eventually(t, 10*time.Second, "readyz 200 after TPM reset", func() bool { return get(d.health+"/readyz") == 200 })
-	})
-	t.Run("tpm killed under load", func(t *testing.T) {
-		stop := make(chan struct{})
-		var mu sync.Mutex
-		seen := map[codes.Code]int{}
-		var wg sync.WaitGroup
-		for i := 0; i < 4; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					code := d.request(c)
-					mu.Lock()
-					seen[code]++
-					mu.Unlock()
+	t.Run("pcr policy", func(t *testing.T) { tpmPCRPolicy(t, d, sw, c) })
+	t.Run("tpm killed under load", func(t *testing.T) { tpmKilledUnderLoad(t, d, sw, c) })
+}
+
+// tpmPCRPolicy: a PCR change makes d answer Unavailable, not ready, with
+// one log line of kind policy; a TPM reset (PCRs back) recovers it.
+func tpmPCRPolicy(t *testing.T, d *deviceDaemon, sw *tpmsim.Swtpm, c securityapi.SecurityServiceClient) {
+	sw.ExtendPCR(t, 7, []byte("boot changed"))
+	if code := d.request(c); code != codes.Unavailable {
+		t.Fatalf("after PCR extend: %v, want Unavailable", code)
+	}
+	eventually(t, 10*time.Second, "readyz 503 after PCR change", func() bool { return get(d.health+"/readyz") == 503 })
+	if n := strings.Count(d.Logs(), `"msg":"signer failing"`); n != 1 {
+		t.Fatalf("signer failure logged %d times, want once", n)
+	}
+	if !strings.Contains(d.Logs(), `"kind":"policy"`) {
+		t.Fatalf("failure not classified as a policy failure\n%s", d.Logs())
+	}
+	sw.Restart(t) // PCRs reset to their boot values
+	eventually(t, 30*time.Second, "issuance after TPM reset", func() bool { return d.request(c) == codes.OK })
+	eventually(t, 10*time.Second, "readyz 200 after TPM reset", func() bool { return get(d.health+"/readyz") == 200 })
+}
+
+// tpmKilledUnderLoad: with the TPM killed under 4 clients, d answers only
+// Unavailable or ResourceExhausted, turns not ready, and recovers by
+// itself when the TPM is back.
+func tpmKilledUnderLoad(t *testing.T, d *deviceDaemon, sw *tpmsim.Swtpm, c securityapi.SecurityServiceClient) {
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	seen := map[codes.Code]int{}
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
 				}
-			}()
-		}
-		time.Sleep(500 * time.Millisecond)
-		sw.Kill()
-		time.Sleep(time.Second)
-		eventually(t, 10*time.Second, "readyz 503 with the TPM gone", func() bool { return get(d.health+"/readyz") == 503 })
-		sw.Restart(t)
-		eventually(t, 30*time.Second, "issuance after TPM restart", func() bool { return d.request(c) == codes.OK })
-		close(stop)
-		wg.Wait()
-		for code, n := range seen {
-			if code != codes.OK && code != codes.Unavailable && code != codes.ResourceExhausted {
-				t.Errorf("%d answers with %v while the TPM was down; want only Unavailable/ResourceExhausted", n, code)
+				code := d.request(c)
+				mu.Lock()
+				seen[code]++
+				mu.Unlock()
 			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+	sw.Kill()
+	time.Sleep(time.Second)
+	eventually(t, 10*time.Second, "readyz 503 with the TPM gone", func() bool { return get(d.health+"/readyz") == 503 })
+	sw.Restart(t)
+	eventually(t, 30*time.Second, "issuance after TPM restart", func() bool { return d.request(c) == codes.OK })
+	close(stop)
+	wg.Wait()
+	for code, n := range seen {
+		if code != codes.OK && code != codes.Unavailable && code != codes.ResourceExhausted {
+			t.Errorf("%d answers with %v while the TPM was down; want only Unavailable/ResourceExhausted", n, code)
 		}
-		if seen[codes.Unavailable] == 0 {
-			t.Errorf("no Unavailable while the TPM was down: %v", seen)
-		}
-		eventually(t, 10*time.Second, "readyz 200 after TPM restart", func() bool { return get(d.health+"/readyz") == 200 })
-		if d.Exited() {
-			t.Fatal("daemon exited")
-		}
-	})
+	}
+	if seen[codes.Unavailable] == 0 {
+		t.Errorf("no Unavailable while the TPM was down: %v", seen)
+	}
+	eventually(t, 10*time.Second, "readyz 200 after TPM restart", func() bool { return get(d.health+"/readyz") == 200 })
+	if d.Exited() {
+		t.Fatal("daemon exited")
+	}
 }
 
 // TestPKCS11Backend: the OS CA key generated on a SoftHSMv2 token by the

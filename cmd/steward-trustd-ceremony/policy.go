@@ -1,0 +1,465 @@
+package main
+
+// Signed PCR policies: keys created under a policy authority (the
+// --policy-authority flag of init, import and rotate), approvals of PCR
+// states (policy approve) and the node's proof of its PCR state (policy
+// quote). See signer/tpm/README.md, "Signed PCR policies".
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/cmd/internal/tpmdev"
+	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
+	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
+)
+
+// policyAuthorityUsage is the help of --policy-authority.
+const policyAuthorityUsage = "TPM only: create the key under this policy authority (a file: or pkcs11: key URI; repeat or comma-separate for a break-glass second authority, PolicyOR) instead of fixed PCR values; the --signer URI must name approvals=DIR, and today's PCR values are approved there with the first authority"
+
+// tpmBackend is the TPM backend for reading PCRs and quoting, outside any key.
+func (e *environment) tpmBackend(stderr io.Writer) *tpm.Backend {
+	dial := e.tpmDial
+	if dial == nil {
+		dial = tpmdev.Dial
+	}
+	return &tpm.Backend{Dial: dial, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+}
+
+// underAuthorities prepares the creation of a key under the policy
+// authorities auths: it approves the TPM's current PCR values with the
+// first authority (before the key exists, so that the ceremony can sign
+// with it at once) and returns uri with the authorities' public keys.
+// A re-run finds its approval in place and does not sign a second one.
+func (e *environment) underAuthorities(ctx context.Context, stdout, stderr io.Writer, uri string, auths []string, receiptsDir string) (string, error) {
+	if len(auths) == 0 {
+		return uri, nil
+	}
+	if !tpm.IsKeyURI(uri) {
+		return "", cli.Usagef("--policy-authority applies to tpm: keys only")
+	}
+	if u, err := tpm.ParseURI(uri); err != nil {
+		return "", cli.Usage(err)
+	} else if u.Approvals == "" {
+		return "", cli.Usagef("--policy-authority: the key URI must name its approvals directory (add ;approvals=/dir)")
+	}
+	pubs, err := e.authorityKeys(ctx, stderr, auths)
+	if err != nil {
+		return "", err
+	}
+	out, err := tpm.WithAuthorities(uri, pubs)
+	if err != nil {
+		return "", cli.Usage(err)
+	}
+	u, err := tpm.ParseURI(out)
+	if err != nil {
+		return "", cli.Usage(err)
+	}
+	pcrs, vals, err := e.tpmBackend(stderr).ReadPCRValues(ctx, out)
+	if err != nil {
+		return "", err
+	}
+	pol, err := tpm.PCRPolicyDigest(pcrs, vals)
+	if err != nil {
+		return "", err
+	}
+	name := "initial-" + hex.EncodeToString(pol)[:16] + ".json"
+	if _, err := os.Stat(filepath.Join(u.Approvals, name)); err == nil {
+		fmt.Fprintf(stdout, "resumed: approval %s of the current PCR values exists\n", filepath.Join(u.Approvals, name))
+		return out, nil
+	}
+	d, err := mkdir(u.Approvals)
+	if err != nil {
+		return "", err
+	}
+	receipts, err := mkdir(receiptsDir)
+	if err != nil {
+		return "", err
+	}
+	err = e.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+		return cer.Approve(ctx, receipts, keystore.ApproveOptions{
+			AuthorityURI: auths[0], PCRs: pcrs, Values: vals, Source: "tpm",
+			Note: "PCR values when the key was created", Out: keystore.Target{Dir: d, Name: name},
+		})
+	})
+	return out, err
+}
+
+// authorityKeys opens each authority key URI for its public key.
+func (e *environment) authorityKeys(ctx context.Context, stderr io.Writer, uris []string) ([]crypto.PublicKey, error) {
+	cer, err := e.ceremony(stderr)
+	if err != nil {
+		return nil, err
+	}
+	pubs := make([]crypto.PublicKey, 0, len(uris))
+	for _, u := range uris {
+		s, err := cer.Keys.Open(ctx, u)
+		if err != nil {
+			return nil, fmt.Errorf("open policy authority: %w", err)
+		}
+		pubs = append(pubs, s.Public())
+		s.Close()
+	}
+	return pubs, nil
+}
+
+func policyCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "policy",
+		Short: "Signed PCR policies: approve PCR states for a TPM key under a policy authority, prove a node's PCR state",
+	}
+	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr))
+	return c
+}
+
+// approveFlags are the flags of policy approve.
+type approveFlags struct {
+	authority, signer, fromQuote, ak, nonce string
+	note, approvedBy, out, approvals, dir   string
+	pcrs                                    []string
+	force                                   bool
+}
+
+func approveCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	var f approveFlags
+	c := &cobra.Command{
+		Use:   "approve --authority AUTH_URI (--signer TPM_URI | --pcr 7=HEX ... | --from-quote FILE --ak AK.pem --nonce HEX) [--note TEXT] [--out FILE | --approvals DIR]",
+		Short: "Sign an approval of a PCR state with the policy authority, so that the TPM key can sign in that state",
+		Long: `Sign an approval of a PCR state with the policy authority.
+
+The state comes from the TPM itself (--signer, e.g. a canary node after a firmware
+update), from the command line (--pcr 7=HEX, repeatable), or, best, from a quote the
+node made with 'policy quote' over your nonce (--from-quote, checked against the
+attestation key pinned with 'policy quote --ak-out' and your --nonce).
+
+The approval goes to --out FILE, or into --approvals DIR (default: the approvals=
+directory of --signer) as DATE-DIGEST.json. An approval lets a key created under this
+authority sign when its PCRs hold exactly these values; nothing else. It never
+expires: retire it by removing the file from every node.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return f.run(cmd.Context(), env, stdout, stderr)
+		},
+	}
+	fs := c.Flags()
+	fs.StringVar(&f.authority, "authority", "", "policy authority key URI (file: or pkcs11:)")
+	fs.StringVar(&f.signer, "signer", "", "read the PCR values from the TPM of this tpm: key URI (its pcrs=, default 7)")
+	cli.ListVar(fs, &f.pcrs, "pcr", nil, "approve this sha256 PCR value, INDEX=HEX (repeat for several PCRs)")
+	fs.StringVar(&f.fromQuote, "from-quote", "", "approve the PCR values of this quote (from policy quote)")
+	fs.StringVar(&f.ak, "ak", "", "with --from-quote: the node's attestation key (PEM, from policy quote --ak-out)")
+	fs.StringVar(&f.nonce, "nonce", "", "with --from-quote: the nonce you gave the node (hex)")
+	fs.StringVar(&f.note, "note", "", "note recorded in the approval, e.g. \"BIOS 1.2.3\"")
+	fs.StringVar(&f.approvedBy, "approved-by", "", "who approves (default: the authority's fingerprint)")
+	fs.StringVar(&f.out, "out", "", "approval file to write")
+	fs.StringVar(&f.approvals, "approvals", "", "approvals directory to write into (default: the approvals= of --signer)")
+	fs.StringVar(&f.dir, "dir", "", "directory for the receipt (default: the directory of the approval file)")
+	fs.BoolVar(&f.force, "force", false, "replace an existing approval file")
+	return c
+}
+
+func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr io.Writer) error {
+	if err := cli.Required(map[string]string{"authority": f.authority}); err != nil {
+		return err
+	}
+	pcrs, vals, source, err := f.state(ctx, env, stderr)
+	if err != nil {
+		return err
+	}
+	target, err := f.target(env.clock(), pcrs, vals)
+	if err != nil {
+		return err
+	}
+	receipts, err := receiptsDir(f.dir, target.Dir.Path(target.Name))
+	if err != nil {
+		return err
+	}
+	return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+		return cer.Approve(ctx, receipts, keystore.ApproveOptions{
+			AuthorityURI: f.authority, PCRs: pcrs, Values: vals, Source: source,
+			ApprovedBy: f.approvedBy, Note: f.note, Out: target, Force: f.force,
+		})
+	})
+}
+
+// state returns the PCR state to approve from exactly one source.
+func (f *approveFlags) state(ctx context.Context, env *environment, stderr io.Writer) ([]int, [][]byte, string, error) {
+	n := 0
+	for _, set := range []bool{f.signer != "", len(f.pcrs) > 0, f.fromQuote != ""} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return nil, nil, "", cli.Usagef("give exactly one of --signer, --pcr and --from-quote")
+	}
+	if (f.ak != "" || f.nonce != "") && f.fromQuote == "" {
+		return nil, nil, "", cli.Usagef("--ak and --nonce apply to --from-quote")
+	}
+	switch {
+	case f.signer != "":
+		pcrs, vals, err := env.tpmBackend(stderr).ReadPCRValues(ctx, f.signer)
+		return pcrs, vals, "tpm", err
+	case f.fromQuote != "":
+		pcrs, vals, err := f.quoted()
+		return pcrs, vals, "quote", err
+	}
+	pcrs, vals, err := parsePCRValues(f.pcrs)
+	return pcrs, vals, "pcr", err
+}
+
+// parsePCRValues parses INDEX=HEX items into a selection and its values.
+func parsePCRValues(items []string) ([]int, [][]byte, error) {
+	byPCR := map[int][]byte{}
+	for _, it := range items {
+		k, v, ok := strings.Cut(it, "=")
+		p, err := strconv.Atoi(k)
+		if !ok || err != nil || p < 0 || p > tpm.MaxPCR {
+			return nil, nil, cli.Usagef("--pcr %q: want INDEX=HEX with INDEX 0-%d", it, tpm.MaxPCR)
+		}
+		b, err := hex.DecodeString(v)
+		if err != nil || len(b) != 32 {
+			return nil, nil, cli.Usagef("--pcr %q: the value must be 64 hex digits (a sha256 PCR)", it)
+		}
+		if _, dup := byPCR[p]; dup {
+			return nil, nil, cli.Usagef("--pcr: PCR %d given twice", p)
+		}
+		byPCR[p] = b
+	}
+	pcrs := make([]int, 0, len(byPCR))
+	for p := range byPCR {
+		pcrs = append(pcrs, p)
+	}
+	slices.Sort(pcrs)
+	vals := make([][]byte, len(pcrs))
+	for i, p := range pcrs {
+		vals[i] = byPCR[p]
+	}
+	return pcrs, vals, nil
+}
+
+// quoted verifies --from-quote against --ak and --nonce.
+func (f *approveFlags) quoted() ([]int, [][]byte, error) {
+	if err := cli.Required(map[string]string{"ak": f.ak, "nonce": f.nonce}); err != nil {
+		return nil, nil, err
+	}
+	nonce, err := hex.DecodeString(f.nonce)
+	if err != nil || len(nonce) == 0 {
+		return nil, nil, cli.Usagef("--nonce must be hex")
+	}
+	ak, err := readAK(f.ak)
+	if err != nil {
+		return nil, nil, err
+	}
+	data, err := readSmall(f.fromQuote)
+	if err != nil {
+		return nil, nil, err
+	}
+	var q tpm.Quote
+	if err := json.Unmarshal(data, &q); err != nil {
+		return nil, nil, fmt.Errorf("%s: not a quote: %w", f.fromQuote, err)
+	}
+	pcrs, vals, err := tpm.VerifyQuote(&q, ak, nonce)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w; nothing was approved", f.fromQuote, err)
+	}
+	return pcrs, vals, nil
+}
+
+// readSmall reads a file of at most 1 MiB.
+func readSmall(path string) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	data, err := io.ReadAll(io.LimitReader(fh, 1<<20+1))
+	if err == nil && len(data) > 1<<20 {
+		err = fmt.Errorf("%s: larger than 1 MiB", path)
+	}
+	return data, err
+}
+
+// readAK reads a pinned attestation key (PEM public key).
+func readAK(path string) (*ecdsa.PublicKey, error) {
+	data, err := readSmall(path)
+	if err != nil {
+		return nil, err
+	}
+	block, _ := pem.Decode(data)
+	if block == nil || block.Type != "PUBLIC KEY" {
+		return nil, fmt.Errorf("%s: no PUBLIC KEY PEM block", path)
+	}
+	pub, err := x509.ParsePKIXPublicKey(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	k, ok := pub.(*ecdsa.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("%s: not an ECDSA attestation key", path)
+	}
+	return k, nil
+}
+
+// target is --out, or a new file in --approvals (or the approvals= of
+// --signer) named by date and digest.
+func (f *approveFlags) target(now time.Time, pcrs []int, vals [][]byte) (keystore.Target, error) {
+	if f.out != "" {
+		if f.approvals != "" {
+			return keystore.Target{}, cli.Usagef("give --out or --approvals, not both")
+		}
+		return outTarget(f.out)
+	}
+	dir := f.approvals
+	if dir == "" && f.signer != "" {
+		u, err := tpm.ParseURI(f.signer)
+		if err != nil {
+			return keystore.Target{}, cli.Usage(err)
+		}
+		dir = u.Approvals
+	}
+	if dir == "" {
+		return keystore.Target{}, cli.Usagef("say where the approval goes: --out FILE or --approvals DIR")
+	}
+	pol, err := tpm.PCRPolicyDigest(pcrs, vals)
+	if err != nil {
+		return keystore.Target{}, err
+	}
+	d, err := mkdir(dir)
+	if err != nil {
+		return keystore.Target{}, err
+	}
+	return keystore.Target{Dir: d, Name: now.UTC().Format("20060102T150405.000Z") + "-" + hex.EncodeToString(pol)[:16] + ".json"}, nil
+}
+
+// quoteFlags are the flags of policy quote.
+type quoteFlags struct {
+	signer, nonce, out, akOut string
+	force                     bool
+}
+
+func quoteCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	var f quoteFlags
+	c := &cobra.Command{
+		Use:   "quote --signer TPM_URI (--nonce HEX --out quote.json | --ak-out ak.pem)",
+		Short: "On the node: prove its PCR state with a TPM2_Quote over the approver's nonce, or export the attestation key to pin",
+		Long: `On the node: prove its PCR state to the approver.
+
+--ak-out writes the public key of the TPM's attestation key (a restricted signing
+primary derived from the owner seed with a fixed template: the same key every time on
+the same TPM). Pin it once, over a trusted channel, for each node.
+
+--nonce HEX --out FILE quotes the sha256 PCRs of --signer (its pcrs=, default 7) with
+the approver's nonce. The approver runs 'policy approve --from-quote FILE --ak AK.pem
+--nonce HEX', which refuses a quote by another key, with another nonce, or whose PCR
+values do not give the quoted digest.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return f.run(cmd.Context(), env, stdout, stderr)
+		},
+	}
+	fs := c.Flags()
+	fs.StringVar(&f.signer, "signer", "", "tpm: key URI naming the TPM and the PCRs (pcrs=, default 7)")
+	fs.StringVar(&f.nonce, "nonce", "", "the approver's nonce, hex (up to 32 bytes)")
+	fs.StringVar(&f.out, "out", "", "quote file to write")
+	fs.StringVar(&f.akOut, "ak-out", "", "write the attestation key's public key (PEM) to this file")
+	fs.BoolVar(&f.force, "force", false, "replace existing output files")
+	return c
+}
+
+func (f *quoteFlags) run(ctx context.Context, env *environment, stdout, stderr io.Writer) error {
+	if err := cli.Required(map[string]string{"signer": f.signer}); err != nil {
+		return err
+	}
+	if f.akOut == "" && f.nonce == "" {
+		return cli.Usagef("give --nonce HEX --out FILE to quote, or --ak-out FILE to export the attestation key")
+	}
+	if (f.nonce == "") != (f.out == "") {
+		return cli.Usagef("--nonce and --out go together")
+	}
+	b := env.tpmBackend(stderr)
+	if f.akOut != "" {
+		if err := f.writeAK(ctx, b, stdout); err != nil {
+			return err
+		}
+	}
+	if f.nonce == "" {
+		return nil
+	}
+	nonce, err := hex.DecodeString(f.nonce)
+	if err != nil || len(nonce) == 0 || len(nonce) > tpm.MaxNonce {
+		return cli.Usagef("--nonce must be 1 to %d bytes of hex", tpm.MaxNonce)
+	}
+	q, err := b.Quote(ctx, f.signer, nonce)
+	if err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(q, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeOutput(stdout, f.out, append(data, '\n'), f.force)
+}
+
+func (f *quoteFlags) writeAK(ctx context.Context, b *tpm.Backend, stdout io.Writer) error {
+	ak, err := b.AttestationKey(ctx, f.signer)
+	if err != nil {
+		return err
+	}
+	der, err := x509.MarshalPKIXPublicKey(ak)
+	if err != nil {
+		return err
+	}
+	return writeOutput(stdout, f.akOut, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), f.force)
+}
+
+// writeOutput writes a non-secret output file atomically.
+func writeOutput(stdout io.Writer, path string, data []byte, force bool) error {
+	if err := atomicfile.Write(path, data, 0o644, force); err != nil {
+		if errors.Is(err, fs.ErrExist) || errors.Is(err, atomicfile.ErrExists) {
+			return fmt.Errorf("%w; pass --force to replace it", err)
+		}
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s\n", path)
+	return nil
+}
+
+// printSignedPolicy prints the signed-policy part of status.
+func printSignedPolicy(w io.Writer, r *tpm.PolicyReport) {
+	if r == nil {
+		return
+	}
+	for _, a := range r.Authorities {
+		fmt.Fprintf(w, "authority:    sha256 %s, TPM name %s\n", a.Fingerprint, a.Name)
+	}
+	fmt.Fprintf(w, "approvals:    %s (%d usable)\n", r.ApprovalsDir, r.Approvals)
+	pcrs := make([]string, 0, len(r.PCRValues))
+	for p, v := range r.PCRValues {
+		pcrs = append(pcrs, fmt.Sprintf("%s=%s", p, v))
+	}
+	slices.Sort(pcrs)
+	fmt.Fprintf(w, "PCR state:    %s (PolicyPCR digest %s)\n", strings.Join(pcrs, " "), r.PolicyPCRDigest)
+	if r.Matching != "" {
+		fmt.Fprintf(w, "approved by:  %s\n", r.Matching)
+	} else {
+		fmt.Fprintf(w, "approved by:  NO APPROVAL matches the current PCR state\n")
+	}
+}

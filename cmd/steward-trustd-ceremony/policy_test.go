@@ -1,0 +1,56 @@
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+)
+
+func TestPolicyUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	key := "file:" + filepath.Join(dir, "ca.key")
+	tpmKey := "tpm:path=" + filepath.Join(dir, "ca.tpmkey") + ";socket=/unused"
+	pcr7 := "7=" + strings.Repeat("ab", 32)
+	tests := []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"init authority on a file key", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--policy-authority", key}, "applies to tpm: keys only"},
+		{"init authority without approvals dir", []string{"init", "--signer", tpmKey, "--cluster", "c", "--out", dir, "--policy-authority", key}, "must name its approvals directory"},
+		{"rotate finish with authority", []string{"rotate", "--new-signer", key, "--out", dir, "--finish", "--policy-authority", key}, "--policy-authority applies to starting"},
+		{"approve without authority", []string{"policy", "approve", "--pcr", pcr7, "--out", "x"}, "--authority"},
+		{"approve without a state", []string{"policy", "approve", "--authority", key, "--out", "x"}, "exactly one of --signer, --pcr and --from-quote"},
+		{"approve two states", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--signer", tpmKey, "--out", "x"}, "exactly one"},
+		{"approve short pcr value", []string{"policy", "approve", "--authority", key, "--pcr", "7=abcd", "--out", "x"}, "64 hex digits"},
+		{"approve pcr out of range", []string{"policy", "approve", "--authority", key, "--pcr", "24=" + strings.Repeat("ab", 32), "--out", "x"}, "INDEX=HEX"},
+		{"approve pcr twice", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--pcr", pcr7, "--out", "x"}, "given twice"},
+		{"approve nowhere to write", []string{"policy", "approve", "--authority", key, "--pcr", pcr7}, "--out FILE or --approvals DIR"},
+		{"approve out and approvals", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--out", "x", "--approvals", dir}, "not both"},
+		{"approve nonce without quote", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--nonce", "00", "--out", "x"}, "--from-quote"},
+		{"approve quote without ak", []string{"policy", "approve", "--authority", key, "--from-quote", "q", "--nonce", "00", "--out", "x"}, "--ak"},
+		{"approve bad nonce", []string{"policy", "approve", "--authority", key, "--from-quote", "q", "--ak", "a", "--nonce", "zz", "--out", "x"}, "--nonce must be hex"},
+		{"quote nothing to do", []string{"policy", "quote", "--signer", tpmKey}, "--nonce HEX --out FILE"},
+		{"quote nonce without out", []string{"policy", "quote", "--signer", tpmKey, "--nonce", "00"}, "go together"},
+		{"quote long nonce", []string{"policy", "quote", "--signer", tpmKey, "--nonce", strings.Repeat("00", 33), "--out", "q"}, "1 to 32 bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, stderr := runCmd(t, tt.args...)
+			if code != cli.ExitUsage || !strings.Contains(stderr, tt.msg) {
+				t.Fatalf("exit %d (want %d), stderr %q (want %q)", code, cli.ExitUsage, stderr, tt.msg)
+			}
+		})
+	}
+}
+
+func TestParsePCRValues(t *testing.T) {
+	a, b := strings.Repeat("aa", 32), strings.Repeat("bb", 32)
+	pcrs, vals, err := parsePCRValues([]string{"11=" + b, "7=" + a})
+	if err != nil || len(pcrs) != 2 || pcrs[0] != 7 || pcrs[1] != 11 || !bytes.Equal(vals[0], bytes.Repeat([]byte{0xaa}, 32)) {
+		t.Fatalf("parsePCRValues = %v %x %v", pcrs, vals, err)
+	}
+}

@@ -1,0 +1,105 @@
+package keystore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
+)
+
+// Receipt operation of an approval.
+const opPolicyApprove = "policy.approve"
+
+// ApproveOptions configures Approve.
+type ApproveOptions struct {
+	// AuthorityURI is the policy authority's key (file: or pkcs11:).
+	AuthorityURI string
+	// PCRs and Values are the approved sha256 PCR state, in PCR order.
+	PCRs   []int
+	Values [][]byte
+	// Source says where the values come from ("tpm", "pcr", "quote"), for
+	// the receipt.
+	Source string
+	// ApprovedBy and Note are informational fields of the approval.
+	ApprovedBy string
+	Note       string
+	// Out receives the approval file (normally in the key's approvals
+	// directory).
+	Out Target
+	// Force allows replacing Out.
+	Force bool
+}
+
+// Approve signs an approval of a PCR state with the policy authority and
+// writes it, with a receipt in receipts. The authority's signature covers
+// SHA-256(PolicyPCR digest || tpm.PolicyRef): it lets a TPM key created
+// under this authority sign in that PCR state, and nothing else.
+func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) (*Outcome, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	auth, err := c.Keys.Open(ctx, o.AuthorityURI)
+	if err != nil {
+		return nil, fmt.Errorf("policy approve: open the policy authority: %w", err)
+	}
+	defer auth.Close()
+	approvedBy := o.ApprovedBy
+	if approvedBy == "" {
+		approvedBy = auth.Describe().Fingerprint
+	}
+	a, err := tpm.SignApproval(auth, o.PCRs, o.Values, tpm.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
+	if err != nil {
+		return nil, fmt.Errorf("policy approve: %w", err)
+	}
+	data, err := tpm.MarshalApprovals(a)
+	if err != nil {
+		return nil, err
+	}
+	out := Placed{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}
+	r, err := c.commitApproval(receipts, auth.Describe(), approvalDetails(a, o.Source), out)
+	if err != nil {
+		return nil, fmt.Errorf("policy approve: %w", err)
+	}
+	return &Outcome{Receipt: r, Written: r.Files, Notes: []string{
+		"approval of PolicyPCR digest " + a.Pol + " by authority " + a.PKFP + "; copy it into the approvals directory of every node in this PCR state (a ConfigMap is fine: it is not secret)",
+	}}, nil
+}
+
+// commitApproval writes the approval file, then its receipt, as one unit
+// (WritePlaced), under the receipts directory's lock.
+func (c *Ceremony) commitApproval(receipts Dir, authority signer.Description, details map[string]string, out Placed) (Receipt, error) {
+	st, unlock, err := c.begin(receipts)
+	if err != nil {
+		return Receipt{}, err
+	}
+	defer unlock()
+	r := newReceipt(opPolicyApprove, c.Version, c.now(), authority)
+	r.Files, r.Details = []string{out.path()}, details
+	rf, err := st.receiptFile(r, c.Rand)
+	if err != nil {
+		return Receipt{}, err
+	}
+	return r, WritePlaced([]Placed{out, {Dir: receipts, File: rf}})
+}
+
+// approvalDetails are the receipt details of an approval.
+func approvalDetails(a *tpm.Approval, source string) map[string]string {
+	d := map[string]string{"pcrs": pcrString(a.PCRs), "pol": a.Pol, "ref": a.Ref, "authority": a.PKFP, "source": source}
+	for p, v := range a.PCRValues {
+		d["pcr"+p] = v
+	}
+	if a.Note != "" {
+		d["note"] = a.Note
+	}
+	return d
+}
+
+func pcrString(pcrs []int) string {
+	s := make([]string, len(pcrs))
+	for i, p := range pcrs {
+		s[i] = fmt.Sprint(p)
+	}
+	return strings.Join(s, ",")
+}

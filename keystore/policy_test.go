@@ -1,0 +1,63 @@
+package keystore_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
+)
+
+func TestApprove(t *testing.T) {
+	c := newCeremony(t)
+	dir := t.TempDir()
+	authURI := "file:" + filepath.Join(dir, "authority.key")
+	auth, err := c.Keys.Generate(context.Background(), authURI, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth.Close()
+	approvals, receipts := keystore.OSDir{Root: filepath.Join(dir, "approvals")}, keystore.OSDir{Root: filepath.Join(dir, "ceremony")}
+	for _, d := range []string{approvals.Root, receipts.Root} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := keystore.ApproveOptions{
+		AuthorityURI: authURI, PCRs: []int{7}, Values: [][]byte{bytes.Repeat([]byte{7}, 32)},
+		Source: "pcr", Note: "BIOS 1.2.3", Out: keystore.Target{Dir: approvals, Name: "bios.json"},
+	}
+	out, err := c.Approve(context.Background(), receipts, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f tpm.ApprovalFile
+	if err := json.Unmarshal(readFile(t, filepath.Join(approvals.Root, "bios.json")), &f); err != nil || len(f.SHA256) != 1 {
+		t.Fatalf("approval file: %v", err)
+	}
+	a := f.SHA256[0]
+	if a.Note != "BIOS 1.2.3" || a.Ref != tpm.PolicyRef || a.ApprovedBy != out.Receipt.KeyFingerprint || a.PKFP != out.Receipt.KeyFingerprint {
+		t.Errorf("approval %+v", a)
+	}
+	rs, err := keystore.ReadReceipts(receipts)
+	if err != nil || len(rs) != 1 || rs[0].Operation != "policy.approve" || rs[0].Details["pol"] != a.Pol || rs[0].Details["source"] != "pcr" {
+		t.Fatalf("receipts %+v, %v", rs, err)
+	}
+	if _, err := c.Approve(context.Background(), receipts, o); err == nil {
+		t.Fatal("an existing approval was overwritten without Force")
+	}
+	o.Force = true
+	if _, err := c.Approve(context.Background(), receipts, o); err != nil {
+		t.Fatalf("with Force: %v", err)
+	}
+	o.AuthorityURI = "file:" + filepath.Join(dir, "missing.key")
+	if _, err := c.Approve(context.Background(), receipts, o); !errors.Is(err, signer.ErrKeyNotFound) {
+		t.Fatalf("missing authority: %v", err)
+	}
+}

@@ -1,0 +1,289 @@
+package tpm
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/asn1"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/google/go-tpm/tpm2"
+	"github.com/google/go-tpm/tpm2/transport"
+)
+
+// ApprovalFile is an approval file: systemd's tpm2-pcr-signature.json
+// shape (a "sha256" array of {pcrs, pkfp, pol, sig}) with our additions
+// in each entry. It is not secret: only the authority can make one, and
+// one only lets the key sign in the PCR state it names.
+type ApprovalFile struct {
+	SHA256 []Approval `json:"sha256"`
+}
+
+// Approval is one approved PCR state.
+type Approval struct {
+	// PCRs is the sha256 PCR selection of the approved state.
+	PCRs []int `json:"pcrs"`
+	// PKFP is the hex SHA-256 of the authority's DER public key.
+	PKFP string `json:"pkfp"`
+	// Pol is the hex PolicyPCR digest (SHA-256 session) of the state.
+	Pol string `json:"pol"`
+	// Sig is the base64 marshalled TPMT_SIGNATURE of the authority over
+	// SHA-256(pol || ref).
+	Sig string `json:"sig"`
+	// Ref is the policyRef signed with pol (PolicyRef).
+	Ref string `json:"ref"`
+	// PCRValues are the approved values, hex by PCR index (informational:
+	// the TPM checks pol, and a reader checks that these give pol).
+	PCRValues map[string]string `json:"pcrValues,omitempty"`
+	// ApprovedBy, Note and CreatedAt are informational; the TPM enforces
+	// no time.
+	ApprovedBy string    `json:"approvedBy,omitempty"`
+	Note       string    `json:"note,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"`
+}
+
+// MaxApprovalFileSize bounds one approval file.
+const MaxApprovalFileSize = 64 << 10
+
+// ApprovalMeta is the informational part of a new approval.
+type ApprovalMeta struct {
+	ApprovedBy string
+	Note       string
+	CreatedAt  time.Time
+}
+
+// SignApproval makes an approval of the sha256 PCR state pcrs = values
+// (one 32-byte value per PCR, ascending) by the authority key.
+func SignApproval(authority crypto.Signer, pcrs []int, values [][]byte, meta ApprovalMeta) (*Approval, error) {
+	a, err := NewAuthority(authority.Public())
+	if err != nil {
+		return nil, err
+	}
+	if !slices.IsSorted(pcrs) {
+		return nil, errors.New("approval: PCRs must be in ascending order")
+	}
+	pol, err := PCRPolicyDigest(pcrs, values)
+	if err != nil {
+		return nil, err
+	}
+	sig, err := signTPMT(authority, a, approvalDigest(pol, PolicyRef))
+	if err != nil {
+		return nil, fmt.Errorf("approval: the authority's signature: %w", err)
+	}
+	vals := hexValues(pcrs, values)
+	return &Approval{
+		PCRs: pcrs, PKFP: a.Fingerprint(), Pol: hex.EncodeToString(pol),
+		Sig: base64.StdEncoding.EncodeToString(tpm2.Marshal(sig)), Ref: PolicyRef,
+		PCRValues: vals, ApprovedBy: meta.ApprovedBy, Note: meta.Note, CreatedAt: meta.CreatedAt.UTC(),
+	}, nil
+}
+
+// signTPMT signs digest with k and wraps the signature as the TPM wants
+// it for TPM2_VerifySignature: ECDSA-SHA256 (r, s) for an ECC authority,
+// RSASSA-PKCS1-v1_5-SHA256 for an RSA one (the scheme systemd-measure uses).
+func signTPMT(k crypto.Signer, a *Authority, digest []byte) (tpm2.TPMTSignature, error) {
+	switch a.pub.(type) {
+	case *ecdsa.PublicKey:
+		der, err := k.Sign(rand.Reader, digest, crypto.SHA256)
+		if err != nil {
+			return tpm2.TPMTSignature{}, err
+		}
+		var rs struct{ R, S *big.Int }
+		if rest, err := asn1.Unmarshal(der, &rs); err != nil || len(rest) != 0 {
+			return tpm2.TPMTSignature{}, errors.New("the authority returned a malformed ECDSA signature")
+		}
+		return tpm2.TPMTSignature{SigAlg: tpm2.TPMAlgECDSA, Signature: tpm2.NewTPMUSignature(tpm2.TPMAlgECDSA, &tpm2.TPMSSignatureECC{
+			Hash:       tpm2.TPMAlgSHA256,
+			SignatureR: tpm2.TPM2BECCParameter{Buffer: rs.R.FillBytes(make([]byte, 32))},
+			SignatureS: tpm2.TPM2BECCParameter{Buffer: rs.S.FillBytes(make([]byte, 32))},
+		})}, nil
+	default:
+		sig, err := k.Sign(rand.Reader, digest, crypto.SHA256)
+		if err != nil {
+			return tpm2.TPMTSignature{}, err
+		}
+		return tpm2.TPMTSignature{SigAlg: tpm2.TPMAlgRSASSA, Signature: tpm2.NewTPMUSignature(tpm2.TPMAlgRSASSA, &tpm2.TPMSSignatureRSA{
+			Hash: tpm2.TPMAlgSHA256, Sig: tpm2.TPM2BPublicKeyRSA{Buffer: sig},
+		})}, nil
+	}
+}
+
+// verifyTPMT checks sig over digest with a's public key in software.
+func verifyTPMT(a *Authority, digest []byte, sig tpm2.TPMTSignature) error {
+	switch k := a.pub.(type) {
+	case *ecdsa.PublicKey:
+		e, err := sig.Signature.ECDSA()
+		if err != nil || sig.SigAlg != tpm2.TPMAlgECDSA || e.Hash != tpm2.TPMAlgSHA256 {
+			return errors.New("signature is not ECDSA-SHA256")
+		}
+		r, s := new(big.Int).SetBytes(e.SignatureR.Buffer), new(big.Int).SetBytes(e.SignatureS.Buffer)
+		if !ecdsa.Verify(k, digest, r, s) {
+			return errors.New("the authority's signature does not verify")
+		}
+	case *rsa.PublicKey:
+		e, err := sig.Signature.RSASSA()
+		if err != nil || sig.SigAlg != tpm2.TPMAlgRSASSA || e.Hash != tpm2.TPMAlgSHA256 {
+			return errors.New("signature is not RSASSA-SHA256")
+		}
+		if err := rsa.VerifyPKCS1v15(k, crypto.SHA256, digest, e.Sig.Buffer); err != nil {
+			return errors.New("the authority's signature does not verify")
+		}
+	default:
+		return errors.New("unsupported authority key")
+	}
+	return nil
+}
+
+// MarshalApprovals encodes approvals as an approval file.
+func MarshalApprovals(as ...*Approval) ([]byte, error) {
+	f := ApprovalFile{}
+	for _, a := range as {
+		f.SHA256 = append(f.SHA256, *a)
+	}
+	b, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// checkedApproval is an approval verified in software against one of the
+// key's authorities: what the signer tries in the TPM.
+type checkedApproval struct {
+	file      string
+	pcrs      []int
+	pol       []byte
+	sig       tpm2.TPMTSignature
+	auth      int // index into the key's authorities
+	createdAt time.Time
+}
+
+// parseApprovals decodes an approval file and checks each entry against
+// auths: the ref, that pkfp names one of them, that the signature over
+// SHA-256(pol || ref) verifies, and that pcrValues (if given) give pol.
+// An entry for another authority is an error: an approval that cannot
+// unlock this key is a mistake worth a log line.
+func parseApprovals(file string, data []byte, auths []*Authority) ([]checkedApproval, error) {
+	if len(data) > MaxApprovalFileSize {
+		return nil, fmt.Errorf("larger than %d bytes", MaxApprovalFileSize)
+	}
+	var f ApprovalFile
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("not an approval file: %w", err)
+	}
+	if len(f.SHA256) == 0 {
+		return nil, errors.New(`no "sha256" approvals`)
+	}
+	out := make([]checkedApproval, 0, len(f.SHA256))
+	for i, a := range f.SHA256 {
+		c, err := checkApproval(a, auths)
+		if err != nil {
+			return nil, fmt.Errorf("sha256[%d]: %w", i, err)
+		}
+		c.file = file
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// checkApproval verifies one approval entry against auths.
+func checkApproval(a Approval, auths []*Authority) (checkedApproval, error) {
+	if a.Ref != PolicyRef {
+		return checkedApproval{}, fmt.Errorf("ref %q is not %q", a.Ref, PolicyRef)
+	}
+	pcrs, err := ParsePCRs(pcrList(a.PCRs))
+	if err != nil || len(a.PCRs) == 0 || !slices.Equal(pcrs, a.PCRs) {
+		return checkedApproval{}, fmt.Errorf("pcrs %v: want distinct ascending sha256 PCRs 0-%d", a.PCRs, MaxPCR)
+	}
+	pol, err := hex.DecodeString(a.Pol)
+	if err != nil || len(pol) != 32 {
+		return checkedApproval{}, errors.New("pol is not a hex SHA-256 digest")
+	}
+	idx := slices.IndexFunc(auths, func(x *Authority) bool { return x.fp == a.PKFP })
+	if idx < 0 {
+		return checkedApproval{}, fmt.Errorf("signed by %s, which is not an authority of this key", a.PKFP)
+	}
+	raw, err := base64.StdEncoding.DecodeString(a.Sig)
+	if err != nil {
+		return checkedApproval{}, errors.New("sig is not base64")
+	}
+	sig, err := tpm2.Unmarshal[tpm2.TPMTSignature](raw)
+	if err != nil {
+		return checkedApproval{}, fmt.Errorf("sig is not a TPMT_SIGNATURE: %w", err)
+	}
+	if err := verifyTPMT(auths[idx], approvalDigest(pol, a.Ref), *sig); err != nil {
+		return checkedApproval{}, err
+	}
+	if err := checkPCRValues(a, pol); err != nil {
+		return checkedApproval{}, err
+	}
+	return checkedApproval{pcrs: a.PCRs, pol: pol, sig: *sig, auth: idx, createdAt: a.CreatedAt}, nil
+}
+
+// checkPCRValues checks that the informational pcrValues, if present,
+// are the state pol approves, so that what a human reads is what the TPM
+// enforces.
+func checkPCRValues(a Approval, pol []byte) error {
+	if len(a.PCRValues) == 0 {
+		return nil
+	}
+	vals, err := a.Values()
+	if err != nil {
+		return err
+	}
+	got, err := PCRPolicyDigest(a.PCRs, vals)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(got, pol) {
+		return errors.New("pcrValues do not give pol")
+	}
+	return nil
+}
+
+// Values returns the approval's pcrValues in PCR order.
+func (a Approval) Values() ([][]byte, error) {
+	if len(a.PCRValues) != len(a.PCRs) {
+		return nil, errors.New("pcrValues must name exactly the approved PCRs")
+	}
+	out := make([][]byte, len(a.PCRs))
+	for i, p := range a.PCRs {
+		v, err := hex.DecodeString(a.PCRValues[strconv.Itoa(p)])
+		if err != nil || len(v) != 32 {
+			return nil, fmt.Errorf("pcrValues[%d] is not a hex sha256 value", p)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// ReadPCRValues reads the current sha256 values of the PCRs uri selects
+// (pcrs=, default 7) from the TPM uri names, without opening a key: what
+// the ceremony approves before it creates a key under an authority.
+func (b *Backend) ReadPCRValues(ctx context.Context, uri string) ([]int, [][]byte, error) {
+	u, err := ParseURI(uri)
+	if err != nil {
+		return nil, nil, err
+	}
+	var vals [][]byte
+	err = b.withConn(ctx, u, func(t transport.TPM) error {
+		vals, err = ReadPCRs(t, u.PCRs)
+		return err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("tpm: read PCRs %s: %w", pcrList(u.PCRs), err)
+	}
+	return u.PCRs, vals, nil
+}

@@ -1,0 +1,327 @@
+package tpm
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm/tpm2"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+func p256(t *testing.T) *ecdsa.PrivateKey {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func authority(t *testing.T, k crypto.Signer) *Authority {
+	t.Helper()
+	a, err := NewAuthority(k.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func pcrValue(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
+
+func TestCheckApproval(t *testing.T) {
+	auth, other := p256(t), p256(t)
+	auths := []*Authority{authority(t, auth)}
+	good, err := SignApproval(auth, []int{7, 11}, [][]byte{pcrValue(1), pcrValue(2)}, ApprovalMeta{Note: "n", CreatedAt: time.Unix(0, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := SignApproval(other, []int{7, 11}, [][]byte{pcrValue(1), pcrValue(2)}, ApprovalMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		change func(a *Approval)
+		want   string
+	}{
+		{"valid", func(*Approval) {}, ""},
+		{"wrong ref", func(a *Approval) { a.Ref = "" }, "ref"},
+		{"unsorted pcrs", func(a *Approval) { a.PCRs = []int{11, 7} }, "pcrs"},
+		{"no pcrs", func(a *Approval) { a.PCRs = nil }, "pcrs"},
+		{"pol not hex", func(a *Approval) { a.Pol = "zz" }, "pol"},
+		{"other pol", func(a *Approval) { a.Pol = strings.Repeat("00", 32); a.PCRValues = nil }, "does not verify"},
+		{"foreign key", func(a *Approval) { *a = *foreign }, "not an authority of this key"},
+		{"foreign signature relabelled", func(a *Approval) { a.Sig = foreign.Sig }, "does not verify"},
+		{"sig not base64", func(a *Approval) { a.Sig = "!" }, "base64"},
+		{"sig not TPMT_SIGNATURE", func(a *Approval) { a.Sig = base64.StdEncoding.EncodeToString([]byte{1}) }, "TPMT_SIGNATURE"},
+		{"pcrValues not the approved state", func(a *Approval) { a.PCRValues["7"] = hex.EncodeToString(pcrValue(9)) }, "pcrValues do not give pol"},
+		{"pcrValues missing one", func(a *Approval) { delete(a.PCRValues, "11") }, "exactly the approved PCRs"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := *good
+			a.PCRValues = map[string]string{"7": good.PCRValues["7"], "11": good.PCRValues["11"]}
+			tt.change(&a)
+			c, err := checkApproval(a, auths)
+			if tt.want == "" {
+				if err != nil || c.auth != 0 || !bytes.Equal(c.pol, mustHex(t, good.Pol)) {
+					t.Fatalf("checkApproval = %+v, %v", c, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("checkApproval = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func mustHex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestApprovalFileFormat(t *testing.T) {
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []crypto.Signer{p256(t), rsaKey} {
+		a, err := SignApproval(k, []int{7}, [][]byte{pcrValue(3)}, ApprovalMeta{ApprovedBy: "ops", Note: "BIOS 1.2.3", CreatedAt: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := MarshalApprovals(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// systemd's tpm2-pcr-signature.json shape plus our fields.
+		var raw map[string][]map[string]any
+		if err := json.Unmarshal(data, &raw); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"pcrs", "pkfp", "pol", "sig", "ref", "pcrValues", "approvedBy", "note", "createdAt"} {
+			if _, ok := raw["sha256"][0][f]; !ok {
+				t.Errorf("field %q missing: %s", f, data)
+			}
+		}
+		got, err := parseApprovals("a.json", data, []*Authority{authority(t, k)})
+		if err != nil || len(got) != 1 || got[0].file != "a.json" {
+			t.Fatalf("parseApprovals = %+v, %v", got, err)
+		}
+		// The signature is over SHA-256(pol || ref).
+		want := sha256.Sum256(append(mustHex(t, a.Pol), PolicyRef...))
+		if !bytes.Equal(approvalDigest(mustHex(t, a.Pol), a.Ref), want[:]) {
+			t.Fatal("approval digest is not SHA-256(pol || ref)")
+		}
+	}
+	for name, data := range map[string][]byte{
+		"not json": []byte("{"),
+		"empty":    []byte(`{"sha256":[]}`),
+		"oversize": bytes.Repeat([]byte(" "), MaxApprovalFileSize+1),
+	} {
+		if _, err := parseApprovals(name, data, nil); err == nil {
+			t.Errorf("%s: parsed", name)
+		}
+	}
+}
+
+func TestPCRPolicyDigest(t *testing.T) {
+	// PolicyPCR (TPM 2.0 Part 3 §23.7): H(0^32 || TPM_CC_PolicyPCR || TPML_PCR_SELECTION || H(values)).
+	sel := tpm2.Marshal(pcrSelection([]int{7}))
+	vd := sha256.Sum256(pcrValue(0))
+	h := sha256.New()
+	h.Write(make([]byte, 32))
+	h.Write(binary.BigEndian.AppendUint32(nil, uint32(tpm2.TPMCCPolicyPCR)))
+	h.Write(sel)
+	h.Write(vd[:])
+	got, err := PCRPolicyDigest([]int{7}, [][]byte{pcrValue(0)})
+	if err != nil || !bytes.Equal(got, h.Sum(nil)) {
+		t.Fatalf("PCRPolicyDigest = %x, %v; want %x", got, err, h.Sum(nil))
+	}
+	for _, bad := range [][][]byte{nil, {pcrValue(0), pcrValue(1)}, {{1, 2}}} {
+		if _, err := PCRPolicyDigest([]int{7}, bad); err == nil {
+			t.Errorf("PCRPolicyDigest(%x) accepted", bad)
+		}
+	}
+}
+
+func TestAuthorizedPolicyDigest(t *testing.T) {
+	a, b := authority(t, p256(t)), authority(t, p256(t))
+	// PolicyAuthorize (Part 3 §23.16): H(H(0^32 || CC || name) || ref), then CC(Sign).
+	h := sha256.New()
+	h.Write(make([]byte, 32))
+	h.Write(binary.BigEndian.AppendUint32(nil, uint32(tpm2.TPMCCPolicyAuthorize)))
+	h.Write(a.name.Buffer)
+	d1 := h.Sum(nil)
+	h.Reset()
+	h.Write(d1)
+	h.Write([]byte(PolicyRef))
+	d2 := h.Sum(nil)
+	h.Reset()
+	h.Write(d2)
+	h.Write(binary.BigEndian.AppendUint32(nil, uint32(tpm2.TPMCCPolicyCommandCode)))
+	h.Write(binary.BigEndian.AppendUint32(nil, uint32(tpm2.TPMCCSign)))
+	one, _, err := authorizedPolicy([]*Authority{a})
+	if err != nil || !bytes.Equal(one, h.Sum(nil)) {
+		t.Fatalf("authorizedPolicy(a) = %x, %v; want %x", one, err, h.Sum(nil))
+	}
+	two, branches, err := authorizedPolicy([]*Authority{a, b})
+	if err != nil || len(branches) != 2 || !bytes.Equal(branches[0], one) || bytes.Equal(two, one) {
+		t.Fatalf("authorizedPolicy(a, b) = %x %x, %v", two, branches, err)
+	}
+	if _, _, err := authorizedPolicy(nil); err == nil {
+		t.Error("no authorities accepted")
+	}
+	nine := make([]*Authority, MaxAuthorities+1)
+	for i := range nine {
+		nine[i] = a
+	}
+	if _, _, err := authorizedPolicy(nine); err == nil {
+		t.Error("more than eight PolicyOR branches accepted")
+	}
+}
+
+func TestAuthorityTemplates(t *testing.T) {
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p384, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := p256(t)
+	a1, a2 := authority(t, k), authority(t, k)
+	if !bytes.Equal(a1.Name(), a2.Name()) || len(a1.Name()) != 34 {
+		t.Fatal("authority name is not stable")
+	}
+	ra := authority(t, rsaKey)
+	rp := ra.public.ObjectAttributes
+	if !rp.Decrypt || !rp.SignEncrypt || !rp.UserWithAuth || ra.public.Type != tpm2.TPMAlgRSA {
+		t.Errorf("RSA authority is not Talos's template: %+v", rp)
+	}
+	if _, err := NewAuthority(p384.Public()); !errors.Is(err, signer.ErrUnsupportedAlgorithm) {
+		t.Errorf("P-384 authority: %v", err)
+	}
+}
+
+func TestKeyBlobAuthorizedRoundTrip(t *testing.T) {
+	for _, n := range []int{1, 2} {
+		auths := make([]*Authority, n)
+		for i := range auths {
+			auths[i] = authority(t, p256(t))
+		}
+		policy, _, err := authorizedPolicy(auths)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, authorities: auths}
+		data, err := blob.marshalPEM("test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := parseKeyBlob(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sameAuthorities(got.authorities, auths) {
+			t.Fatalf("%d authorities: round trip changed them", n)
+		}
+		replayed, err := got.authPolicy()
+		if err != nil || !bytes.Equal(replayed, policy) {
+			t.Fatalf("replayed policy %x, want %x (%v)", replayed, policy, err)
+		}
+		stmts, err := blob.policyStatements()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The draft: the first statement is PolicyAuthorize with TPM2B_PUBLIC
+		// keySign, TPM2B_DIGEST policyRef and an empty TPMT_SIGNATURE.
+		first := stmts[0]
+		if first.CommandCode != int(tpm2.TPMCCPolicyAuthorize) || !bytes.HasSuffix(first.CommandPolicy, append(tpm2.Marshal(tpm2.TPM2BDigest{Buffer: []byte(PolicyRef)}), 0x00, 0x10)) {
+			t.Fatalf("first statement %x", first.CommandPolicy)
+		}
+	}
+}
+
+func TestWithAuthorities(t *testing.T) {
+	a, b := p256(t), p256(t)
+	uri, err := WithAuthorities("tpm:path=/k;approvals=/d", []crypto.PublicKey{a.Public(), b.Public()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := ParseURI(uri)
+	if err != nil || len(u.Authorities) != 2 || u.Authorities[1].fp != authority(t, b).fp {
+		t.Fatalf("ParseURI(%q) = %+v, %v", uri, u, err)
+	}
+	if strings.Contains(u.String(), "authority=") {
+		t.Errorf("canonical form %q carries the creation-time authorities", u.String())
+	}
+	for name, tc := range map[string]struct {
+		uri  string
+		pubs []crypto.PublicKey
+	}{
+		"no approvals dir": {"tpm:path=/k", []crypto.PublicKey{a.Public()}},
+		"twice":            {"tpm:path=/k;approvals=/d", []crypto.PublicKey{a.Public(), a.Public()}},
+		"not tpm":          {"file:/k", []crypto.PublicKey{a.Public()}},
+		"ed25519":          {"tpm:path=/k;approvals=/d", []crypto.PublicKey{struct{}{}}},
+	} {
+		if _, err := WithAuthorities(tc.uri, tc.pubs); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// FuzzParseApprovals: whatever the bytes, parsing an approval file never
+// panics, and what it accepts was signed by the authority.
+func FuzzParseApprovals(f *testing.F) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		f.Fatal(err)
+	}
+	a, err := SignApproval(k, []int{7}, [][]byte{pcrValue(1)}, ApprovalMeta{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	good, err := MarshalApprovals(a)
+	if err != nil {
+		f.Fatal(err)
+	}
+	auths := []*Authority{}
+	if x, err := NewAuthority(k.Public()); err == nil {
+		auths = append(auths, x)
+	}
+	for _, s := range [][]byte{good, []byte(`{"sha256":[{}]}`), []byte("{")} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := parseApprovals("f.json", data, auths)
+		if err != nil {
+			return
+		}
+		for _, c := range got {
+			if verifyTPMT(auths[c.auth], approvalDigest(c.pol, PolicyRef), c.sig) != nil {
+				t.Fatalf("accepted an approval whose signature does not verify: %+v", c)
+			}
+		}
+	})
+}

@@ -1,0 +1,296 @@
+package tpm
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/google/go-tpm/tpm2"
+	"github.com/google/go-tpm/tpm2/transport"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+// authorizedState is what a Signer of a key under policy authorities keeps
+// between signatures (guarded by Signer.mu): the VerifySignature tickets,
+// so that each approval's signature is verified by the TPM once, and the
+// approval that matched last, so that the steady state costs PolicyPCR,
+// PolicyAuthorize, PolicyCommandCode (and PolicyOR) and Sign.
+type authorizedState struct {
+	tickets map[string]tpm2.TPMTTKVerified // by approvalKey
+	last    *checkedApproval
+}
+
+func approvalKey(a *checkedApproval) string { return a.file + "/" + hex.EncodeToString(a.pol) }
+
+// maxTickets bounds the cached VerifySignature tickets.
+const maxTickets = 2 * maxApprovalFiles
+
+// errNoMatch marks a PCR state no approval covers (internal).
+var errNoMatch = errors.New("no approval matches")
+
+// runAuthorized satisfies a signed policy in sess: PolicyPCR over the
+// approved selection, PolicyAuthorize with the approval's ticket (TPM 2.0
+// Part 3 §23.16), PolicyCommandCode(Sign) and, with several authorities,
+// PolicyOR (§23.6).
+func (s *Signer) runAuthorized(t transport.TPM, sess tpm2.TPMHandle) error {
+	approvals := s.km.approvals.current(false)
+	if last := s.auth.last; last != nil && slices.ContainsFunc(approvals, func(a checkedApproval) bool { return approvalKey(&a) == approvalKey(last) }) {
+		err := s.authorizeWith(t, sess, last, true)
+		if !errors.Is(err, errNoMatch) {
+			return err
+		}
+		if err := policyRestart(t, sess); err != nil {
+			return err
+		}
+	}
+	s.auth.last = nil
+	a, err := s.selectApproval(t, sess, approvals)
+	if err != nil {
+		return err
+	}
+	if err := s.authorizeWith(t, sess, a, false); err != nil {
+		return err
+	}
+	s.auth.last = a
+	return nil
+}
+
+// selectApproval finds the newest approval whose pol equals the session
+// digest after PolicyPCR over its selection (as Talos's unseal does),
+// leaving sess with that PolicyPCR applied. One PolicyPCR per distinct
+// selection; PolicyRestart between them.
+func (s *Signer) selectApproval(t transport.TPM, sess tpm2.TPMHandle, approvals []checkedApproval) (*checkedApproval, error) {
+	var tried [][]int
+	for i := range approvals {
+		sel := approvals[i].pcrs
+		if slices.ContainsFunc(tried, func(x []int) bool { return slices.Equal(x, sel) }) {
+			continue
+		}
+		tried = append(tried, sel)
+		digest, err := policyPCRDigest(t, sess, sel)
+		if err != nil {
+			return nil, err
+		}
+		for j := i; j < len(approvals); j++ {
+			if slices.Equal(approvals[j].pcrs, sel) && bytes.Equal(approvals[j].pol, digest) {
+				return &approvals[j], nil
+			}
+		}
+		if err := policyRestart(t, sess); err != nil {
+			return nil, err
+		}
+	}
+	return nil, s.noApprovalErr(t, len(approvals))
+}
+
+// policyPCRDigest runs PolicyPCR(sel) with no expected digest (the TPM
+// takes the PCRs as they are) and returns the session digest.
+func policyPCRDigest(t transport.TPM, sess tpm2.TPMHandle, sel []int) ([]byte, error) {
+	if _, err := (tpm2.PolicyPCR{PolicySession: sess, Pcrs: pcrSelection(sel)}).Execute(t); err != nil {
+		return nil, fmt.Errorf("TPM2_PolicyPCR: %w", err)
+	}
+	rsp, err := tpm2.PolicyGetDigest{PolicySession: sess}.Execute(t)
+	if err != nil {
+		return nil, fmt.Errorf("TPM2_PolicyGetDigest: %w", err)
+	}
+	return rsp.PolicyDigest.Buffer, nil
+}
+
+// authorizeWith completes the policy with approval a. With pcr set it runs
+// PolicyPCR first (the remembered approval); a PCR state that moved on
+// then fails PolicyAuthorize with TPM_RC_VALUE, reported as errNoMatch.
+func (s *Signer) authorizeWith(t transport.TPM, sess tpm2.TPMHandle, a *checkedApproval, pcr bool) error {
+	if pcr {
+		if _, err := (tpm2.PolicyPCR{PolicySession: sess, Pcrs: pcrSelection(a.pcrs)}).Execute(t); err != nil {
+			return fmt.Errorf("TPM2_PolicyPCR: %w", err)
+		}
+	}
+	ticket, err := s.ticket(t, a)
+	if err != nil {
+		return err
+	}
+	auth := s.km.authorities[a.auth]
+	_, err = tpm2.PolicyAuthorize{
+		PolicySession:  sess,
+		ApprovedPolicy: tpm2.TPM2BDigest{Buffer: a.pol},
+		PolicyRef:      tpm2.TPM2BDigest{Buffer: []byte(PolicyRef)},
+		KeySign:        auth.name,
+		CheckTicket:    ticket,
+	}.Execute(t)
+	switch {
+	case pcr && errors.Is(err, tpm2.TPMRCValue):
+		return errNoMatch
+	case err != nil:
+		delete(s.auth.tickets, approvalKey(a)) // a ticket of a cleared owner hierarchy
+		return fmt.Errorf("TPM2_PolicyAuthorize (approval %s): %w", a.file, err)
+	}
+	return s.finishBranch(t, sess)
+}
+
+// finishBranch runs the key's own trailing PolicyCommandCode(Sign), then
+// PolicyOR over the authorities' branches when there are several.
+func (s *Signer) finishBranch(t transport.TPM, sess tpm2.TPMHandle) error {
+	if _, err := (tpm2.PolicyCommandCode{PolicySession: sess, Code: tpm2.TPMCCSign}).Execute(t); err != nil {
+		return fmt.Errorf("TPM2_PolicyCommandCode: %w", err)
+	}
+	if len(s.km.branches) < 2 {
+		return nil
+	}
+	if _, err := (tpm2.PolicyOr{PolicySession: sess, PHashList: digestList(s.km.branches)}).Execute(t); err != nil {
+		return fmt.Errorf("TPM2_PolicyOR: %w", err)
+	}
+	return nil
+}
+
+// ticket returns the TPM's VerifySignature ticket for approval a, asking
+// the TPM only the first time: the authority's public key is loaded with
+// TPM2_LoadExternal in the OWNER hierarchy (in the NULL hierarchy the
+// ticket would be a NULL ticket that PolicyAuthorize refuses), the
+// signature verified (TPM 2.0 Part 3 §20.1), the key flushed.
+// PolicyAuthorize needs only the authority's name afterwards.
+func (s *Signer) ticket(t transport.TPM, a *checkedApproval) (tpm2.TPMTTKVerified, error) {
+	if tk, ok := s.auth.tickets[approvalKey(a)]; ok {
+		return tk, nil
+	}
+	auth := s.km.authorities[a.auth]
+	load, err := tpm2.LoadExternal{InPublic: tpm2.New2B(auth.public), Hierarchy: tpm2.TPMRHOwner}.Execute(t)
+	if err != nil {
+		return tpm2.TPMTTKVerified{}, fmt.Errorf("load policy authority %s (TPM2_LoadExternal): %w", auth.fp, err)
+	}
+	defer flush(t, load.ObjectHandle)
+	rsp, err := tpm2.VerifySignature{
+		KeyHandle: load.ObjectHandle,
+		Digest:    tpm2.TPM2BDigest{Buffer: approvalDigest(a.pol, PolicyRef)},
+		Signature: a.sig,
+	}.Execute(t)
+	if err != nil {
+		return tpm2.TPMTTKVerified{}, fmt.Errorf("approval %s: the TPM refuses the authority's signature (TPM2_VerifySignature): %w: %w", a.file, signer.ErrPolicyNotSatisfied, err)
+	}
+	if s.auth.tickets == nil || len(s.auth.tickets) >= maxTickets {
+		// Bounded: approvals come and go; the ones in use are verified again.
+		s.auth.tickets = map[string]tpm2.TPMTTKVerified{}
+	}
+	s.auth.tickets[approvalKey(a)] = rsp.Validation
+	return rsp.Validation, nil
+}
+
+// noApprovalErr says that no approval covers the current PCR state, with
+// exactly what an approver needs: the values of the key's PCRs and their
+// PolicyPCR digest.
+func (s *Signer) noApprovalErr(t transport.TPM, n int) error {
+	vals, err := ReadPCRs(t, s.km.pcrs)
+	if err != nil {
+		return fmt.Errorf("tpm: no approval matches the PCR state (%d approvals in %s): %w", n, s.uri.Approvals, signer.ErrPolicyNotSatisfied)
+	}
+	pol, err := PCRPolicyDigest(s.km.pcrs, vals)
+	if err != nil {
+		return err
+	}
+	flags := make([]string, len(vals))
+	for i, p := range s.km.pcrs {
+		flags[i] = fmt.Sprintf("--pcr %d=%x", p, vals[i])
+	}
+	return fmt.Errorf("tpm: no approval in %s (%d usable) matches this TPM's PCR state: sha256 PolicyPCR digest %x; "+
+		"if this state is legitimate, approve it with the policy authority: steward-trustd-ceremony policy approve --authority AUTHORITY_URI %s --out %s/NAME.json: %w",
+		s.uri.Approvals, n, pol, strings.Join(flags, " "), s.uri.Approvals, signer.ErrPolicyNotSatisfied)
+}
+
+// policyRestart resets a policy session (TPM2_PolicyRestart, TPM 2.0 Part 3
+// §23.17), which go-tpm v0.9.8 does not implement: a raw command with no
+// sessions.
+func policyRestart(t transport.TPM, sess tpm2.TPMHandle) error {
+	cmd := make([]byte, 14)
+	binary.BigEndian.PutUint16(cmd[0:], uint16(tpm2.TPMSTNoSessions))
+	binary.BigEndian.PutUint32(cmd[2:], 14)
+	binary.BigEndian.PutUint32(cmd[6:], uint32(tpm2.TPMCCPolicyRestart))
+	binary.BigEndian.PutUint32(cmd[10:], uint32(sess))
+	rsp, err := t.Send(cmd)
+	if err != nil {
+		return fmt.Errorf("TPM2_PolicyRestart: %w", err)
+	}
+	if len(rsp) < 10 {
+		return errors.New("TPM2_PolicyRestart: short response")
+	}
+	if rc := tpm2.TPMRC(binary.BigEndian.Uint32(rsp[6:10])); rc != tpm2.TPMRCSuccess {
+		return fmt.Errorf("TPM2_PolicyRestart: %w", rc)
+	}
+	return nil
+}
+
+// PolicyReport tells an operator how a key under policy authorities
+// stands: its authorities, the current PCR state, and which approval (if
+// any) lets it sign now.
+type PolicyReport struct {
+	Authorities  []AuthorityReport `json:"authorities"`
+	ApprovalsDir string            `json:"approvalsDir"`
+	// Approvals counts the usable approvals (malformed, tampered and
+	// foreign ones are not counted).
+	Approvals int `json:"approvals"`
+	// PCRValues and PolicyPCRDigest are the current state of the key's
+	// PCR selection (pcrs=, default 7): the input of `policy approve`.
+	PCRValues       map[string]string `json:"pcrValues"`
+	PolicyPCRDigest string            `json:"policyPCRDigest"`
+	// Matching is the approval file that satisfies the policy now; empty
+	// when none does (MatchError then says why).
+	Matching   string `json:"matching,omitempty"`
+	MatchError string `json:"matchError,omitempty"`
+}
+
+// AuthorityReport names one policy authority.
+type AuthorityReport struct {
+	Name        string `json:"name"`
+	Fingerprint string `json:"fingerprint"`
+}
+
+// PolicyReport reports on the key's signed policy without signing; nil
+// for a PCR-bound key.
+func (s *Signer) PolicyReport(ctx context.Context) (*PolicyReport, error) {
+	if len(s.km.authorities) == 0 {
+		return nil, nil
+	}
+	r := &PolicyReport{ApprovalsDir: s.uri.Approvals}
+	for _, a := range s.km.authorities {
+		r.Authorities = append(r.Authorities, AuthorityReport{Name: hex.EncodeToString(a.name.Buffer), Fingerprint: a.fp})
+	}
+	err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+		vals, err := ReadPCRs(t, s.km.pcrs)
+		if err != nil {
+			return err
+		}
+		pol, err := PCRPolicyDigest(s.km.pcrs, vals)
+		if err != nil {
+			return err
+		}
+		r.PCRValues, r.PolicyPCRDigest = hexValues(s.km.pcrs, vals), hex.EncodeToString(pol)
+		r.Approvals = len(s.km.approvals.current(true))
+		return s.matchReport(t, r)
+	})
+	return r, err
+}
+
+// matchReport runs the signed policy on a fresh session and records the
+// approval that satisfies it.
+func (s *Signer) matchReport(t transport.TPM, r *PolicyReport) error {
+	sess, closeSess, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
+	if err != nil {
+		return fmt.Errorf("start policy session (TPM2_StartAuthSession): %w", err)
+	}
+	defer closeSess() //nolint:errcheck // flushing a session we are done with
+	s.auth.last = nil
+	if err := s.runAuthorized(t, sess.Handle()); err != nil {
+		if !errors.Is(err, signer.ErrPolicyNotSatisfied) {
+			return err
+		}
+		r.MatchError = err.Error()
+		return nil
+	}
+	r.Matching = filepath.Join(s.uri.Approvals, s.auth.last.file)
+	return nil
+}

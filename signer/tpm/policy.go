@@ -1,0 +1,97 @@
+package tpm
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+
+	"github.com/google/go-tpm/tpm2"
+)
+
+// authorizedBranch is the policy digest of one authority's branch:
+// PolicyAuthorize(authority name, PolicyRef) then PolicyCommandCode(Sign).
+// PolicyAuthorize replaces the session digest by one derived from the
+// authority's name and ref alone (TPM 2.0 Part 3 §23.16), so whatever PCR
+// state the authority approved, the key's own trailing PolicyCommandCode
+// keeps it sign-only: an approval of PolicyCommandCode(Duplicate) still
+// cannot pass the Sign restriction.
+func authorizedBranch(a *Authority) ([]byte, error) {
+	pc, err := tpm2.NewPolicyCalculator(tpm2.TPMAlgSHA256)
+	if err != nil {
+		return nil, err
+	}
+	if err := (tpm2.PolicyAuthorize{KeySign: a.name, PolicyRef: tpm2.TPM2BDigest{Buffer: []byte(PolicyRef)}}).Update(pc); err != nil {
+		return nil, fmt.Errorf("compute policy: %w", err)
+	}
+	if err := (tpm2.PolicyCommandCode{Code: tpm2.TPMCCSign}).Update(pc); err != nil {
+		return nil, fmt.Errorf("compute policy: %w", err)
+	}
+	return pc.Hash().Digest, nil
+}
+
+// authorizedPolicy is the authPolicy of a key under auths: the single
+// branch, or PolicyOR of the branches (Part 3 §23.6) for two or more.
+// It also returns the branch digests, which the session's PolicyOR needs.
+func authorizedPolicy(auths []*Authority) (policy []byte, branches [][]byte, err error) {
+	if len(auths) == 0 || len(auths) > MaxAuthorities {
+		return nil, nil, fmt.Errorf("a key policy takes 1 to %d authorities, not %d", MaxAuthorities, len(auths))
+	}
+	for _, a := range auths {
+		b, err := authorizedBranch(a)
+		if err != nil {
+			return nil, nil, err
+		}
+		branches = append(branches, b)
+	}
+	if len(branches) == 1 {
+		return branches[0], branches, nil
+	}
+	pc, err := tpm2.NewPolicyCalculator(tpm2.TPMAlgSHA256)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := (tpm2.PolicyOr{PHashList: digestList(branches)}).Update(pc); err != nil {
+		return nil, nil, fmt.Errorf("compute policy: %w", err)
+	}
+	return pc.Hash().Digest, branches, nil
+}
+
+func digestList(ds [][]byte) tpm2.TPMLDigest {
+	l := tpm2.TPMLDigest{}
+	for _, d := range ds {
+		l.Digests = append(l.Digests, tpm2.TPM2BDigest{Buffer: d})
+	}
+	return l
+}
+
+// PCRPolicyDigest is the digest of a fresh SHA-256 policy session after
+// PolicyPCR(sha256:pcrs) with the PCRs holding values (one 32-byte value
+// per PCR, in ascending PCR order): the "pol" an approval signs.
+func PCRPolicyDigest(pcrs []int, values [][]byte) ([]byte, error) {
+	if len(pcrs) == 0 || len(pcrs) != len(values) {
+		return nil, errors.New("PCR policy: one value per PCR is needed")
+	}
+	for _, v := range values {
+		if len(v) != sha256.Size {
+			return nil, fmt.Errorf("PCR policy: a sha256 PCR value is %d bytes, not %d", sha256.Size, len(v))
+		}
+	}
+	pc, err := tpm2.NewPolicyCalculator(tpm2.TPMAlgSHA256)
+	if err != nil {
+		return nil, err
+	}
+	if err := (tpm2.PolicyPCR{PcrDigest: tpm2.TPM2BDigest{Buffer: pcrDigestOf(values)}, Pcrs: pcrSelection(pcrs)}).Update(pc); err != nil {
+		return nil, fmt.Errorf("compute PCR policy: %w", err)
+	}
+	return pc.Hash().Digest, nil
+}
+
+// approvalDigest is what an authority signs: SHA-256(pol || ref), the
+// aHash that TPM2_PolicyAuthorize checks the ticket against (Part 3
+// §23.16, with the authority's nameAlg SHA-256).
+func approvalDigest(pol []byte, ref string) []byte {
+	h := sha256.New()
+	h.Write(pol)
+	h.Write([]byte(ref))
+	return h.Sum(nil)
+}

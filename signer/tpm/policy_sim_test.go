@@ -1,0 +1,384 @@
+package tpm_test
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm/tpm2"
+
+	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/tpmsim"
+)
+
+// logBuf collects log lines for assertions.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+func newP256(t testing.TB) *ecdsa.PrivateKey {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// authorizedFixture is a key under policy authorities in the in-process
+// simulator.
+type authorizedFixture struct {
+	sim       *tpmsim.Simulator
+	b         *tpm.Backend
+	uri       string
+	approvals string
+	log       *logBuf
+}
+
+func newAuthorizedFixture(t testing.TB, auths ...crypto.Signer) *authorizedFixture {
+	t.Helper()
+	f := &authorizedFixture{sim: tpmsim.NewSimulator(t), log: &logBuf{}}
+	f.b = &tpm.Backend{Dial: f.sim.Dial, ApprovalsReload: time.Nanosecond, Logger: slog.New(slog.NewTextHandler(f.log, nil))}
+	dir := t.TempDir()
+	f.approvals = filepath.Join(dir, "approvals")
+	if err := os.Mkdir(f.approvals, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pubs := make([]crypto.PublicKey, len(auths))
+	for i, a := range auths {
+		pubs[i] = a.Public()
+	}
+	uri, err := tpm.WithAuthorities("tpm:path="+filepath.Join(dir, "ca.tpmkey")+";socket=/unused;approvals="+f.approvals, pubs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.uri = uri
+	return f
+}
+
+// approve writes an approval of the TPM's current PCR 7 by auth.
+func (f *authorizedFixture) approve(t testing.TB, auth crypto.Signer, name string) {
+	t.Helper()
+	pcrs, vals, err := f.b.ReadPCRValues(ctx, f.uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := tpm.SignApproval(auth, pcrs, vals, tpm.ApprovalMeta{Note: name, CreatedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := tpm.MarshalApprovals(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.approvals, name+".json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustSign(t *testing.T, s signer.Signer) {
+	t.Helper()
+	d := sha256.Sum256([]byte("csr"))
+	sig, err := s.Sign(rand.Reader, d[:], crypto.SHA256)
+	if err != nil {
+		t.Fatalf("Sign: %v", err)
+	}
+	if !ecdsa.VerifyASN1(s.Public().(*ecdsa.PublicKey), d[:], sig) {
+		t.Fatal("signature does not verify")
+	}
+}
+
+func mustRefuse(t *testing.T, s signer.Signer) error {
+	t.Helper()
+	d := sha256.Sum256([]byte("csr"))
+	_, err := s.Sign(rand.Reader, d[:], crypto.SHA256)
+	if !errors.Is(err, signer.ErrPolicyNotSatisfied) {
+		t.Fatalf("Sign = %v, want ErrPolicyNotSatisfied", err)
+	}
+	return err
+}
+
+func TestAuthorizedPolicyLifecycle(t *testing.T) {
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		auth crypto.Signer
+	}{{"p256", newP256(t)}, {"rsa2048", rsaKey}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newAuthorizedFixture(t, tc.auth)
+			f.approve(t, tc.auth, "boot-1")
+			s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			mustSign(t, s)
+			mustSign(t, s) // cached ticket, remembered approval
+			if d := s.Describe(); !strings.Contains(d.Policy, "authorized by") {
+				t.Errorf("Describe().Policy = %q", d.Policy)
+			}
+
+			f.sim.ExtendPCR(t, 7, []byte("dbx update"))
+			err = mustRefuse(t, s)
+			if !strings.Contains(err.Error(), "--pcr 7=") || !strings.Contains(err.Error(), "PolicyPCR digest") {
+				t.Errorf("error does not tell the approver what to sign: %v", err)
+			}
+
+			f.approve(t, newP256(t), "foreign") // another key: ignored
+			mustRefuse(t, s)
+			if f.log.count("approval file ignored") != 1 {
+				t.Errorf("want one log line for the foreign approval:\n%s", f.log.b.String())
+			}
+
+			f.approve(t, tc.auth, "boot-2")
+			mustSign(t, s)
+
+			reopened, err := f.b.Open(ctx, f.uri)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer reopened.Close()
+			mustSign(t, reopened)
+			if !reopened.Public().(*ecdsa.PublicKey).Equal(s.Public()) {
+				t.Fatal("reopened key differs")
+			}
+
+			if err := os.Remove(filepath.Join(f.approvals, "boot-2.json")); err != nil {
+				t.Fatal(err)
+			}
+			mustRefuse(t, s) // retired by removing the file
+		})
+	}
+}
+
+func TestAuthorizedPolicyOR(t *testing.T) {
+	primary, breakGlass := newP256(t), newP256(t)
+	f := newAuthorizedFixture(t, primary, breakGlass)
+	f.approve(t, breakGlass, "break-glass")
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mustSign(t, s)
+	f.sim.ExtendPCR(t, 7, []byte("firmware"))
+	mustRefuse(t, s)
+	f.approve(t, primary, "primary")
+	mustSign(t, s)
+}
+
+func TestApprovalFilesIgnoredOneLineEach(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "good")
+	good, err := os.ReadFile(filepath.Join(f.approvals, "good.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tampered := bytes.Replace(good, []byte(`"pol": "`), []byte(`"pol": "00`), 1)
+	tampered = bytes.Replace(tampered, []byte(`"pcrValues"`), []byte(`"x"`), 1)
+	for name, data := range map[string][]byte{
+		"malformed.json": []byte("{not json"),
+		"tampered.json":  tampered,
+		"empty.json":     []byte(`{"sha256":[]}`),
+		"notes.txt":      []byte("ignored: not .json"),
+	} {
+		if err := os.WriteFile(filepath.Join(f.approvals, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for range 3 {
+		mustSign(t, s)
+	}
+	if n := f.log.count("approval file ignored"); n != 3 {
+		t.Errorf("%d 'ignored' lines, want 3 (one per bad file, once):\n%s", n, f.log.b.String())
+	}
+}
+
+func TestAuthorizedNeedsApprovalsDir(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "a")
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	path := strings.TrimPrefix(strings.Split(f.uri, ";")[0], "tpm:path=")
+	if _, err := f.b.Open(ctx, "tpm:path="+path+";socket=/unused"); !errors.Is(err, signer.ErrInvalidURI) || !strings.Contains(err.Error(), "approvals=") {
+		t.Fatalf("Open without approvals= = %v", err)
+	}
+	other, err := tpm.WithAuthorities("tpm:path="+path+";socket=/unused;approvals="+f.approvals, []crypto.PublicKey{newP256(t).Public()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.b.Open(ctx, other); !errors.Is(err, signer.ErrInvalidURI) {
+		t.Fatalf("Open with another authority = %v", err)
+	}
+}
+
+func TestQuoteVerification(t *testing.T) {
+	sim := tpmsim.NewSimulator(t)
+	b := &tpm.Backend{Dial: sim.Dial}
+	uri := "tpm:path=/unused/ca.tpmkey;socket=/unused;pcrs=7,11"
+	ak, err := b.AttestationKey(ctx, uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ak2, err := b.AttestationKey(ctx, uri)
+	if err != nil || !ak.Equal(ak2) {
+		t.Fatalf("attestation key is not reproducible: %v", err)
+	}
+	nonce := []byte("approver nonce 0123456789abcdef")
+	q, err := b.Quote(ctx, uri, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcrs, vals, err := tpm.VerifyQuote(q, ak, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, want, err := b.ReadPCRValues(ctx, uri)
+	if err != nil || len(pcrs) != 2 || !bytes.Equal(vals[0], want[0]) || !bytes.Equal(vals[1], want[1]) {
+		t.Fatalf("quoted state %v %x, want %x (%v)", pcrs, vals, want, err)
+	}
+	tampered := *q
+	tampered.PCRValues = map[string]string{"7": strings.Repeat("ff", 32), "11": q.PCRValues["11"]}
+	for _, tc := range []struct {
+		name  string
+		q     *tpm.Quote
+		ak    *ecdsa.PublicKey
+		nonce []byte
+		want  string
+	}{
+		{"wrong nonce", q, ak, []byte("another nonce"), "nonce differs"},
+		{"another AK", q, &newP256(t).PublicKey, nonce, "not signed by the pinned attestation key"},
+		{"values not quoted", &tampered, ak, nonce, "do not match the quoted digest"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, err := tpm.VerifyQuote(tc.q, tc.ak, tc.nonce); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("VerifyQuote = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	tpmsim.CheckNoLeaks(t, sim.TPM())
+}
+
+func TestPolicyReport(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "now")
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ts := s.(*tpm.Signer)
+	r, err := ts.PolicyReport(ctx)
+	if err != nil || r.Matching != filepath.Join(f.approvals, "now.json") || r.Approvals != 1 || len(r.Authorities) != 1 {
+		t.Fatalf("PolicyReport = %+v, %v", r, err)
+	}
+	f.sim.ExtendPCR(t, 7, []byte("update"))
+	r, err = ts.PolicyReport(ctx)
+	if err != nil || r.Matching != "" || !strings.Contains(r.MatchError, r.PolicyPCRDigest) {
+		t.Fatalf("PolicyReport after extend = %+v, %v", r, err)
+	}
+	if err := ts.CheckPolicy(ctx); !errors.Is(err, signer.ErrPolicyNotSatisfied) {
+		t.Fatalf("CheckPolicy = %v", err)
+	}
+}
+
+// TestForgedApprovalRefusedByTPM: an approval signed by another key and
+// relabelled with the authority's fingerprint never unlocks the key: the
+// TPM's TPM2_VerifySignature refuses it (TPM 2.0 Part 3 §20.1), with the
+// response code kept in the error chain.
+func TestForgedApprovalRefusedByTPM(t *testing.T) {
+	auth, forger := newP256(t), newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "real")
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pcrs, vals, err := f.b.ReadPCRValues(ctx, f.uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := tpm.SignApproval(forger, pcrs, vals, tpm.ApprovalMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = tpm.TPMVerifyApproval(s.(*tpm.Signer), forged)
+	if !errors.Is(err, tpm2.TPMRCSignature) || !errors.Is(err, signer.ErrPolicyNotSatisfied) {
+		t.Fatalf("TPM verification of a forged approval = %v, want TPM_RC_SIGNATURE and ErrPolicyNotSatisfied", err)
+	}
+	mustSign(t, s)
+}
+
+// TestAuthorizedImportAndHandle: Import (verified by signing, so the
+// approval must exist first) and a persistent handle, whose authorities
+// come from the URI (a handle carries no blob).
+func TestAuthorizedImportAndHandle(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "now")
+	s, err := f.b.Import(ctx, f.uri, newP256(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSign(t, s)
+	s.Close()
+
+	handleURI, err := tpm.WithAuthorities("tpm:handle=0x81000110;socket=/unused;approvals="+f.approvals, []crypto.PublicKey{auth.Public()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := f.b.Generate(ctx, handleURI, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSign(t, h)
+	h.Close()
+	reopened, err := f.b.Open(ctx, handleURI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reopened.Close()
+	mustSign(t, reopened)
+	f.sim.ExtendPCR(t, 7, []byte("update"))
+	mustRefuse(t, reopened)
+}
