@@ -111,16 +111,10 @@ func TestTieredRPC(t *testing.T) {
 	if n := len(holder.Get().Certificate); n != 2 {
 		t.Fatalf("serving certificate sent with %d certificates, want leaf + intermediate", n)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := NewGRPCServer(svc, TLSConfig(holder.GetCertificate))
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
+	addr := serveGRPC(t, svc, holder)
 	roots := x509.NewCertPool()
 	roots.AddCert(tt.root.cert)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})))
 	if err != nil {
 		t.Fatal(err)
 	}
