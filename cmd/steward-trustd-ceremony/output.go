@@ -46,10 +46,11 @@ func printStatus(w io.Writer, st *keystore.Status) {
 	printKey(w, st)
 	printSignedPolicy(w, st.SignedPolicy)
 	if ca := st.CA; ca != nil {
-		printCert(w, "CA", ca)
+		printCert(w, "CA ", ca)
 	}
 	for i := range st.Chain {
-		printCert(w, fmt.Sprintf("chain[%d]", i), &st.Chain[i])
+		fmt.Fprintf(w, "issuer chain[%d]:\n", i)
+		printCert(w, "  ", &st.Chain[i])
 	}
 	if st.CA != nil || len(st.Chain) > 0 {
 		fmt.Fprintf(w, "key matches:  %t\n", st.KeyMatches())
@@ -62,16 +63,17 @@ func printStatus(w io.Writer, st *keystore.Status) {
 	printReceipts(w, st)
 }
 
-// printCert prints one certificate of status under label.
-func printCert(w io.Writer, label string, c *keystore.CAStatus) {
-	fmt.Fprintf(w, "%-13s %s\n", label+" subject:", c.Subject)
-	fmt.Fprintf(w, "%-13s %s\n", label+" sha256:", c.Fingerprint)
-	fmt.Fprintf(w, "%-13s %s to %s", label+" valid:", c.NotBefore.Format(time.RFC3339), c.NotAfter.Format(time.RFC3339))
+// printCert prints one certificate of status, each line's label after
+// prefix ("CA ", or an indent under an issuer chain heading).
+func printCert(w io.Writer, prefix string, c *keystore.CAStatus) {
+	fmt.Fprintf(w, "%-13s %s\n", prefix+"subject:", c.Subject)
+	fmt.Fprintf(w, "%-13s %s\n", prefix+"sha256:", c.Fingerprint)
+	fmt.Fprintf(w, "%-13s %s to %s", prefix+"valid:", c.NotBefore.Format(time.RFC3339), c.NotAfter.Format(time.RFC3339))
 	if c.Expired {
 		fmt.Fprintf(w, " (NOT VALID NOW)")
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "%-13s %s\n", label+" EKU:", c.EKU)
+	fmt.Fprintf(w, "%-13s %s\n", prefix+"EKU:", c.EKU)
 }
 
 func printKey(w io.Writer, st *keystore.Status) {
