@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/internal/doctor"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
+	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer/file"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
@@ -264,4 +266,67 @@ func mustParse(t *testing.T, der []byte) *x509.Certificate {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestIntermediateRequestKilledAtEveryStep kills `intermediate request`
+// at each of its crash points (file backend) and re-runs it: the re-run
+// completes with the one key the first run made (never a second), one
+// intermediate.key receipt, no intent record or temporary file left, and
+// a request signed by that key.
+func TestIntermediateRequestKilledAtEveryStep(t *testing.T) {
+	tmpl := t.TempDir()
+	if err := os.Mkdir(filepath.Join(tmpl, "keys"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"intermediate", "request", "--signer", fileKey(tmpl, "node"), "--name", "node-a", "--out", filepath.Join(tmpl, "out", "node.csr")}
+	steps := crashTrace(t, tmpl, args)
+	if len(steps) < 4 {
+		t.Fatalf("only %d crash points traced: %v", len(steps), steps)
+	}
+	for i, step := range steps {
+		root := copyTree(t, tmpl)
+		a := rebase(args, tmpl, root)
+		if r, killed, _ := crashRun(t, root, i+1, a); !killed {
+			t.Fatalf("step %d (%s): not killed: %s", i+1, step, r)
+		}
+		if r := ceremony(t, nil, a...); r.code != 0 {
+			t.Fatalf("killed at step %d (%s), the re-run failed: %s", i+1, step, r)
+		}
+		checkRequestAfterKill(t, root, step)
+	}
+	t.Logf("killed at each of %d steps (%s), every re-run completed with the first run's key", len(steps), strings.Join(steps, ", "))
+}
+
+func checkRequestAfterKill(t *testing.T, root, step string) {
+	t.Helper()
+	keys, err := os.ReadDir(filepath.Join(root, "keys"))
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("killed at %s: keys %v (%v), want exactly one", step, names(keys), err)
+	}
+	_ = filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+		if err == nil && (strings.Contains(e.Name(), ".tmp-") || strings.HasSuffix(e.Name(), ".intent")) {
+			t.Errorf("killed at %s: left %s", step, p)
+		}
+		return nil
+	})
+	rs, err := keystore.ReadReceipts(keystore.OSDir{Root: filepath.Join(root, "out")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	for _, r := range rs {
+		count[r.Operation]++
+	}
+	if count["intermediate.key"] != 1 || count["intermediate.request"] < 1 {
+		t.Errorf("killed at %s: receipts %v, want one intermediate.key and a request", step, count)
+	}
+	key, err := (&file.Backend{}).Open(context.Background(), fileKey(root, "node"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer key.Close()
+	csr, err := pki.ParseCSR(readFile(t, filepath.Join(root, "out", "node.csr")), 0)
+	if err != nil || !pki.KeyMatchesCert(key.Public(), &x509.Certificate{PublicKey: csr.PublicKey}) {
+		t.Errorf("killed at %s: the request is not signed by the node's key: %v", step, err)
+	}
 }
