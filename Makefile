@@ -61,6 +61,11 @@ test-attack:
 bench-attack:
 	cd test/talos && $(GO) test -count=1 -run TestAttacks -v ./attack -args -attempts=200
 
+# The Prometheus alerts against recorded samples (promtool, Debian's
+# prometheus package); make test runs the same through server's TestAlertRules.
+test-alerts: deps
+	cd deploy/prometheus && promtool check rules alerts.yaml && promtool test rules alerts_test.yaml
+
 # The Kubernetes overlays rendered with kustomize and strictly decoded
 # (separate module: kustomize and k8s.io stay out of the daemon's graph).
 test-deploy:

@@ -225,6 +225,10 @@ func TestReadinessAndHealthEndpoints(t *testing.T) {
 	if c := get("/readyz"); c != 503 {
 		t.Fatalf("/readyz %d with the device gone", c)
 	}
+	// The failed probe counts like a request's signer error.
+	if got := testutil.ToFloat64(m.signerErrors.WithLabelValues("file", "device")); got != 1 {
+		t.Fatalf("trustd_signer_errors_total{kind=device} %v after a failed probe, want 1", got)
+	}
 	fs.setErr(nil)
 	clk.add(20 * time.Second)
 	if c := get("/readyz"); c != 200 {
@@ -357,6 +361,24 @@ func TestReload(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.reloads.WithLabelValues("credentials", "ok")); got != 2 {
 		t.Fatalf("successful reloads %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(m.reloadFailed.WithLabelValues("credentials")); got != 0 {
+		t.Fatalf("trustd_reload_failed %v after a good reload, want 0", got)
+	}
+	// Broken again, then the running files put back: the alert's gauge
+	// stays 1 while the refused set is there and clears without a reload.
+	mkgen("gen5", map[string][]byte{certdir.FileToken: []byte("fourth-token"), certdir.FileCACert: other.pem})
+	rl.Check()
+	if got := testutil.ToFloat64(m.reloadFailed.WithLabelValues("credentials")); got != 1 {
+		t.Fatalf("trustd_reload_failed %v with a refused set in the dir, want 1", got)
+	}
+	mkgen("gen6", map[string][]byte{certdir.FileToken: []byte("third-token"), certdir.FileCACert: ca.pem})
+	rl.Check()
+	if got := testutil.ToFloat64(m.reloadFailed.WithLabelValues("credentials")); got != 0 {
+		t.Fatalf("trustd_reload_failed %v with the running files back, want 0", got)
+	}
+	if got := testutil.ToFloat64(m.reloads.WithLabelValues("credentials", "ok")); got != 2 {
+		t.Fatalf("successful reloads %v after the files came back, want 2 (nothing to reload)", got)
 	}
 }
 
