@@ -57,15 +57,9 @@ func TestParseWorkerConfigDocuments(t *testing.T) {
 		{"other kinds only", "apiVersion: v1alpha1\nkind: HostnameConfig\nauto: stable\n---\n" + kube, "", "no document with a machine section"},
 	}
 	for _, tt := range tests {
-		wc, err := ParseWorkerConfig([]byte(tt.doc))
-		if tt.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Errorf("%s: err = %v, want %q", tt.name, err, tt.wantErr)
-			}
+		wc, ok := parseCase(t, tt.name, tt.doc, tt.wantErr)
+		if !ok {
 			continue
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", tt.name, err)
 		}
 		if host, err := wc.EndpointHost(); err != nil || host != tt.host {
 			t.Errorf("%s: EndpointHost = %q, %v", tt.name, host, err)
