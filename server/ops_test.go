@@ -362,23 +362,25 @@ func TestReload(t *testing.T) {
 	if got := testutil.ToFloat64(m.reloads.WithLabelValues("credentials", "ok")); got != 2 {
 		t.Fatalf("successful reloads %v, want 2", got)
 	}
-	if got := testutil.ToFloat64(m.reloadFailed.WithLabelValues("credentials")); got != 0 {
-		t.Fatalf("trustd_reload_failed %v after a good reload, want 0", got)
-	}
+	wantReloadFailed(t, m, 0, "after a good reload")
 	// Broken again, then the running files put back: the alert's gauge
 	// stays 1 while the refused set is there and clears without a reload.
 	mkgen("gen5", map[string][]byte{certdir.FileToken: []byte("fourth-token"), certdir.FileCACert: other.pem})
 	rl.Check()
-	if got := testutil.ToFloat64(m.reloadFailed.WithLabelValues("credentials")); got != 1 {
-		t.Fatalf("trustd_reload_failed %v with a refused set in the dir, want 1", got)
-	}
+	wantReloadFailed(t, m, 1, "with a refused set in the dir")
 	mkgen("gen6", map[string][]byte{certdir.FileToken: []byte("third-token"), certdir.FileCACert: ca.pem})
 	rl.Check()
-	if got := testutil.ToFloat64(m.reloadFailed.WithLabelValues("credentials")); got != 0 {
-		t.Fatalf("trustd_reload_failed %v with the running files back, want 0", got)
-	}
+	wantReloadFailed(t, m, 0, "with the running files back")
 	if got := testutil.ToFloat64(m.reloads.WithLabelValues("credentials", "ok")); got != 2 {
 		t.Fatalf("successful reloads %v after the files came back, want 2 (nothing to reload)", got)
+	}
+}
+
+// wantReloadFailed checks trustd_reload_failed{what="credentials"}.
+func wantReloadFailed(t *testing.T, m *Metrics, want float64, when string) {
+	t.Helper()
+	if got := testutil.ToFloat64(m.reloadFailed.WithLabelValues("credentials")); got != want {
+		t.Fatalf("trustd_reload_failed %v %s, want %v", got, when, want)
 	}
 }
 
