@@ -43,8 +43,8 @@ type Receipt struct {
 	CertificateSubject     string    `json:"certificateSubject,omitempty"`
 	CertificateSerial      string    `json:"certificateSerial,omitempty"`
 	CertificateNotAfter    time.Time `json:"certificateNotAfter,omitzero"`
-	// Files lists the files written or removed, relative to the ceremony
-	// directory or absolute.
+	// Files lists the absolute paths of the files written, in order, and
+	// of those removed, prefixed with "-".
 	Files []string `json:"files,omitempty"`
 	// Details holds operation-specific, non-secret facts (roles, SANs,
 	// the CA fingerprint a rotation replaces).

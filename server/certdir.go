@@ -159,13 +159,11 @@ func (r *Reloader) Prime(creds, serving Digest) { r.creds, r.serving = creds, se
 func (r *Reloader) Check() {
 	now := clockOrDefault(r.Clock)()
 	c, d, err := r.Dir.Credentials()
-	if d != r.creds {
-		r.apply("credentials", d, err, &r.creds, &r.badCreds, func() {
-			r.Service.SetCredentials(c)
-			r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize())
-			LogIssuer(r.log(), c, now)
-		})
-	}
+	r.apply("credentials", d, err, &r.creds, &r.badCreds, func() {
+		r.Service.SetCredentials(c)
+		r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize())
+		LogIssuer(r.log(), c, now)
+	})
 	if r.Holder == nil {
 		return
 	}
@@ -173,16 +171,24 @@ func (r *Reloader) Check() {
 	if err == nil && cert == nil {
 		err = errors.New("serving certificate files were removed")
 	}
-	if d != r.serving {
-		r.apply("serving", d, err, &r.serving, &r.badServing, func() {
-			r.Holder.Set(cert)
-			r.Metrics.SetServingExpiry(cert.Leaf.NotAfter, now)
-			r.log().Info("serving certificate reloaded", "not_after", cert.Leaf.NotAfter)
-		})
-	}
+	r.apply("serving", d, err, &r.serving, &r.badServing, func() {
+		r.Holder.Set(cert)
+		r.Metrics.SetServingExpiry(cert.Leaf.NotAfter, now)
+		r.log().Info("serving certificate reloaded", "not_after", cert.Leaf.NotAfter)
+	})
 }
 
+// apply installs a changed file set, or refuses a broken one; files back
+// at the running content clear an earlier refusal (trustd_reload_failed).
 func (r *Reloader) apply(what string, d Digest, err error, current, bad *Digest, install func()) {
+	if d == *current {
+		if *bad != (Digest{}) {
+			*bad = Digest{}
+			r.Metrics.SetReloadFailed(what, false)
+			r.log().Info("cert dir back to the running "+what+"; the refused change is gone", "what", what)
+		}
+		return
+	}
 	if err != nil {
 		if d == *bad {
 			return // already reported this broken content

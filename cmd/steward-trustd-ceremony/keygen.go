@@ -56,11 +56,7 @@ func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
-				d, err := mkdir(out)
-				if err != nil {
-					return nil, err
-				}
-				return cer.Init(cmd.Context(), d, o)
+				return runInOut(out, func(d keystore.OSDir) (*keystore.Outcome, error) { return cer.Init(cmd.Context(), d, o) })
 			})
 		},
 	}
@@ -107,12 +103,16 @@ func (f importFlags) source() (*keystore.ImportSource, error) {
 	}
 }
 
-// path is the source file to destroy once the key is on the device.
-func (f importFlags) path() string {
+// destroyHint says what to do with the source once the key is on the
+// device: a key file goes; a secrets.yaml keeps everything but
+// certs.os.key, since `talosctl gen config --with-secrets` needs the rest
+// (worker configs take only certs.os.crt).
+func (f importFlags) destroyHint() string {
 	if f.key != "" {
-		return f.key
+		return "destroy the source now: shred -u " + f.key
 	}
-	return f.secrets
+	return "now delete certs.os.key (only that key) from " + f.secrets + " and destroy every other copy of the original; " +
+		"keep the rest for worker configs: talosctl gen config CLUSTER https://ENDPOINT:6443 --with-secrets " + f.secrets + " --output-types worker"
 }
 
 func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -135,14 +135,10 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			err = env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
-				d, err := mkdir(out)
-				if err != nil {
-					return nil, err
-				}
-				return cer.Import(cmd.Context(), d, o)
+				return runInOut(out, func(d keystore.OSDir) (*keystore.Outcome, error) { return cer.Import(cmd.Context(), d, o) })
 			})
 			if err == nil {
-				fmt.Fprintf(stdout, "destroy the source now: shred -u %s\n", src.path())
+				fmt.Fprintln(stdout, src.destroyHint())
 			}
 			return err
 		},
