@@ -12,7 +12,7 @@ PORT      ?= 50001
 # Tests that need swtpm or SoftHSMv2 fail instead of skipping when set.
 export STEWARD_REQUIRE_DEVICES = 1
 
-.PHONY: all deps build build-all build-gencreds build-ceremony run-local test test-unit test-talos test-attack bench-attack test-deploy test-coverage lint fuzz bench fleet-boot image image-smoke docker-build docker-buildx clean
+.PHONY: all deps build build-all build-gencreds build-ceremony run-local run-local-notice clean-local test-alerts test test-unit test-talos test-attack bench-attack test-deploy test-coverage lint fuzz bench fleet-boot image image-smoke docker-build docker-buildx clean
 
 all: build-all
 
@@ -29,11 +29,18 @@ build-ceremony:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/steward-trustd-ceremony
 
 build-all:
-	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	$(GO) build $(BUILDFLAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
-# A real trustd on 127.0.0.1:$(PORT) with credentials made on first run.
-run-local: deps build-all
+# A real trustd on 127.0.0.1:$(PORT) with credentials made on first run;
+# swtpm sits behind steward-tpm-relay so the ceremony can run alongside.
+# The build lists each package it compiles (-v): the first one fetches
+# modules and compiles the Talos machinery for a few minutes.
+run-local: BUILDFLAGS = -v
+run-local: deps run-local-notice build-all
 	@./hack/run-local.sh "$(BIN)" "$(LOCAL)" "$(PORT)"
+
+run-local-notice:
+	@echo "building $(BIN)/steward-trustd, the ceremony and steward-tpm-relay (the first build takes a few minutes; packages are listed as they compile)" >&2
 
 test: deps lint test-unit test-talos test-attack test-deploy
 
@@ -53,6 +60,11 @@ test-attack:
 # The README's front-door benchmark: 200 worker attempts per attack.
 bench-attack:
 	cd test/talos && $(GO) test -count=1 -run TestAttacks -v ./attack -args -attempts=200
+
+# The Prometheus alerts against recorded samples (promtool, Debian's
+# prometheus package); make test runs the same through server's TestAlertRules.
+test-alerts: deps
+	cd deploy/prometheus && promtool check rules alerts.yaml && promtool test rules alerts_test.yaml
 
 # The Kubernetes overlays rendered with kustomize and strictly decoded
 # (separate module: kustomize and k8s.io stay out of the daemon's graph).
@@ -131,5 +143,11 @@ docker-build:
 docker-buildx:
 	$(DOCKER) buildx build --platform $(PLATFORMS) --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) --push .
 
+# Keeps $(LOCAL): it holds run-local's CA key (the swtpm state or the file
+# key) and worker token; `make clean-local` removes it.
 clean:
-	rm -rf $(BIN) $(LOCAL) coverage.out
+	rm -rf $(BIN) coverage.out
+
+clean-local:
+	@echo "removing $(LOCAL)/: run-local's dev OS CA key (swtpm state, key files) and worker token; the next run-local makes a new CA, and workers trusting the old one must be given the new one" >&2
+	rm -rf $(LOCAL)

@@ -5,11 +5,14 @@
 # linux-libc-dev (syscall numbers) for the systemd unit's sandbox in
 # TestSystemdUnit, and the arm64 cgo cross-compiler and C/C++ runtime for
 # `make image` (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
-# libstdc++6-arm64-cross, libgcc-s1-arm64-cross). As root it runs apt-get;
-# otherwise it says exactly what to run.
+# libstdc++6-arm64-cross, libgcc-s1-arm64-cross), and prometheus for its
+# promtool, which evaluates deploy/prometheus/alerts.yaml in the tests
+# (Debian ships promtool only in that package, with the server; on a host
+# with systemd, `systemctl disable --now prometheus` if you do not want it
+# running). As root it runs apt-get; otherwise it says exactly what to run.
 set -euo pipefail
 pkgs=(swtpm swtpm-tools softhsm2 tpm2-tools libssl-dev gcc bubblewrap systemd linux-libc-dev
-  gcc-aarch64-linux-gnu libc6-dev-arm64-cross libstdc++6-arm64-cross libgcc-s1-arm64-cross)
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross libstdc++6-arm64-cross libgcc-s1-arm64-cross prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

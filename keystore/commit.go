@@ -38,7 +38,7 @@ func (c *Ceremony) commit(st *state, p *plan) (*Outcome, error) {
 		return out, nil
 	}
 	p.receipt.Time, p.receipt.ToolVersion = c.now().UTC(), c.Version
-	p.receipt.Files = fileNames(p.files)
+	p.receipt.Files = fileNames(d, p.files)
 	rf, err := st.receiptFile(p.receipt, c.Rand)
 	if err != nil {
 		return nil, err

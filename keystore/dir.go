@@ -32,7 +32,8 @@ type Dir interface {
 	// List returns the names of the regular files directly under the
 	// directory name, sorted; a missing directory lists nothing.
 	List(name string) ([]string, error)
-	// Path returns the operating-system path of name, for messages.
+	// Path returns the absolute operating-system path of name, for
+	// messages and receipts.
 	Path(name string) string
 }
 
@@ -50,9 +51,14 @@ func (d OSDir) resolve(name string) (string, error) {
 	return filepath.Join(d.Root, filepath.FromSlash(name)), nil
 }
 
-// Path implements Dir.
+// Path implements Dir: the absolute path of name, the one style receipts
+// record files in (an issued certificate may be written anywhere).
 func (d OSDir) Path(name string) string {
-	return filepath.Join(d.Root, filepath.FromSlash(name))
+	p := filepath.Join(d.Root, filepath.FromSlash(name))
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
 }
 
 // ReadFile implements Dir.

@@ -241,4 +241,4 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	return p, nil
 }
 
-const destroySourceNote = "the key is on the device and signs correctly: now destroy every copy of the source key file (e.g. shred -u), including backups and secrets.yaml copies"
+const destroySourceNote = "the key is on the device and signs correctly: now destroy every copy of the source key, including backups (a key file: shred -u; a secrets.yaml: delete certs.os.key and keep the rest for talosctl gen config --with-secrets)"

@@ -168,12 +168,12 @@ func planInit(st *state, o InitOptions, r initResults) (*plan, error) {
 	return p, nil
 }
 
-func fileNames(files []File) []string {
+func fileNames(d Dir, files []File) []string {
 	out := make([]string, len(files))
 	for i, f := range files {
-		out[i] = f.Name
+		out[i] = d.Path(f.Name)
 		if f.Remove {
-			out[i] = "-" + f.Name
+			out[i] = "-" + out[i]
 		}
 	}
 	return out

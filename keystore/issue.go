@@ -59,7 +59,9 @@ type issuance struct {
 // records is, listing every output in order.
 func planIssue(is issuance, now time.Time, version string) Receipt {
 	r := newReceipt(is.op, version, now, is.key)
-	certReceipt(&r, is.cert)
+	if is.cert != nil { // a request (intermediate request) has none yet
+		certReceipt(&r, is.cert)
+	}
 	for _, p := range is.outputs {
 		r.Files = append(r.Files, p.Dir.Path(p.File.Name))
 	}

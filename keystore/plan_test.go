@@ -166,7 +166,7 @@ func TestFinishing(t *testing.T) {
 				t.Errorf("the last step is %+v, want the removal of %s", last, certdir.FileNextCACert)
 			}
 			if tt.wantFiles > 0 && (len(p.files) != tt.wantFiles || !p.recorded) {
-				t.Errorf("after a recorded finish: files %v, recorded %v", fileNames(p.files), p.recorded)
+				t.Errorf("after a recorded finish: files %v, recorded %v", fileNames(OSDir{Root: "/nowhere"}, p.files), p.recorded)
 			}
 		})
 	}

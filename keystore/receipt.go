@@ -21,7 +21,9 @@ type Receipt struct {
 	// Time of the operation, UTC.
 	Time time.Time `json:"time"`
 	// Operation is "init", "init.key", "import", "sign-csr", "talosconfig",
-	// "server-cert", "rotate", "rotate.key" or "rotate.finish".
+	// "server-cert", "rotate", "rotate.key", "rotate.finish", or in the
+	// tiered setup "intermediate.key", "intermediate.request",
+	// "intermediate.sign" or "intermediate.rotate.finish".
 	Operation string `json:"operation"`
 	// ToolVersion is the ceremony binary's version.
 	ToolVersion string `json:"toolVersion"`
@@ -41,8 +43,8 @@ type Receipt struct {
 	CertificateSubject     string    `json:"certificateSubject,omitempty"`
 	CertificateSerial      string    `json:"certificateSerial,omitempty"`
 	CertificateNotAfter    time.Time `json:"certificateNotAfter,omitzero"`
-	// Files lists the files written or removed, relative to the ceremony
-	// directory or absolute.
+	// Files lists the absolute paths of the files written, in order, and
+	// of those removed, prefixed with "-".
 	Files []string `json:"files,omitempty"`
 	// Details holds operation-specific, non-secret facts (roles, SANs,
 	// the CA fingerprint a rotation replaces).

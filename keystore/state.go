@@ -66,7 +66,7 @@ func readState(d Dir) (*state, error) {
 	if st.receipts, err = ReadReceipts(d); err != nil {
 		return nil, err
 	}
-	for _, op := range []string{opInitKey, opRotateKey} {
+	for _, op := range []string{opInitKey, opRotateKey, opIntermediateKey} {
 		in, err := readIntent(d, op)
 		if err != nil {
 			return nil, err

@@ -2,6 +2,7 @@ package keystore
 
 import (
 	"context"
+	"crypto"
 	"crypto/x509"
 	"fmt"
 	"time"
@@ -33,6 +34,11 @@ type Status struct {
 	SignedPolicy *tpm.PolicyReport `json:"signedPolicy,omitempty"`
 	// CA describes the CA certificate, when one was given.
 	CA *CAStatus `json:"ca,omitempty"`
+	// Chain describes the issuer chain (issuer.crt) of the tiered setup,
+	// when one was given: the key's own certificate first. ChainError is
+	// why the daemon would refuse it (pki.CheckIssuerChain against CA).
+	Chain      []CAStatus `json:"chain,omitempty"`
+	ChainError string     `json:"chainError,omitempty"`
 	// Receipts are the ceremony directory's receipts, oldest first.
 	Receipts []Receipt `json:"receipts"`
 	// ReceiptsError reports unreadable receipts.
@@ -47,6 +53,46 @@ type CAStatus struct {
 	NotAfter    time.Time `json:"notAfter"`
 	Expired     bool      `json:"expired"`
 	KeyMatches  bool      `json:"keyMatches"`
+	// EKU names the ExtKeyUsage (pki.DescribeEKU).
+	EKU string `json:"eku"`
+}
+
+// KeyMatches reports whether the key is the signing certificate's: the
+// first of the chain in the tiered setup, else the CA's.
+func (st *Status) KeyMatches() bool {
+	if len(st.Chain) > 0 {
+		return st.Chain[0].KeyMatches
+	}
+	return st.CA != nil && st.CA.KeyMatches
+}
+
+func certStatus(c *x509.Certificate, pub crypto.PublicKey, now time.Time) CAStatus {
+	return CAStatus{
+		Subject:     c.Subject.String(),
+		Fingerprint: pki.CertFingerprint(c),
+		NotBefore:   c.NotBefore.UTC(),
+		NotAfter:    c.NotAfter.UTC(),
+		Expired:     now.After(c.NotAfter) || now.Before(c.NotBefore),
+		KeyMatches:  pki.KeyMatchesCert(pub, c),
+		EKU:         pki.DescribeEKU(c),
+	}
+}
+
+// addCerts describes ca and the issuer chain against the key pub, and
+// checks the chain as the daemon would.
+func (st *Status) addCerts(ca *x509.Certificate, chain []*x509.Certificate, pub crypto.PublicKey, now time.Time) {
+	if ca != nil {
+		cs := certStatus(ca, pub, now)
+		st.CA = &cs
+	}
+	for _, ic := range chain {
+		st.Chain = append(st.Chain, certStatus(ic, pub, now))
+	}
+	if len(chain) > 0 && ca != nil {
+		if err := pki.CheckIssuerChain(chain, []*x509.Certificate{ca}, pub, now); err != nil {
+			st.ChainError = err.Error()
+		}
+	}
 }
 
 // policyReporter is implemented by TPM signers (*tpm.Signer).
@@ -55,8 +101,9 @@ type policyReporter interface {
 }
 
 // Status opens the key at uri (it does not sign) and reports on it, on ca
-// if given, and on the receipts in d (nil d lists none).
-func (c *Ceremony) Status(ctx context.Context, uri string, ca *x509.Certificate, d Dir) (*Status, error) {
+// if given, on the issuer chain if given (tiered setup), and on the
+// receipts in d (nil d lists none).
+func (c *Ceremony) Status(ctx context.Context, uri string, ca *x509.Certificate, d Dir, chain ...*x509.Certificate) (*Status, error) {
 	s, err := c.Keys.Open(ctx, uri)
 	if err != nil {
 		return nil, fmt.Errorf("status: open key: %w", err)
@@ -77,17 +124,7 @@ func (c *Ceremony) Status(ctx context.Context, uri string, ca *x509.Certificate,
 			return nil, fmt.Errorf("status: signed policy: %w", err)
 		}
 	}
-	if ca != nil {
-		now := c.now()
-		st.CA = &CAStatus{
-			Subject:     ca.Subject.String(),
-			Fingerprint: pki.CertFingerprint(ca),
-			NotBefore:   ca.NotBefore.UTC(),
-			NotAfter:    ca.NotAfter.UTC(),
-			Expired:     now.After(ca.NotAfter) || now.Before(ca.NotBefore),
-			KeyMatches:  pki.KeyMatchesCert(s.Public(), ca),
-		}
-	}
+	st.addCerts(ca, chain, s.Public(), c.now())
 	if d != nil {
 		rs, err := ReadReceipts(d)
 		if err != nil {

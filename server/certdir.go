@@ -22,10 +22,18 @@ import (
 type CertDir struct {
 	// Dir is the directory.
 	Dir string
-	// Token and CACert, when non-nil, replace the token and os-ca.crt files.
-	Token, CACert []byte
-	// SignerPublic is the signer's key, which os-ca.crt must hold.
+	// Token, CACert and IssuerChain, when non-nil, replace the token,
+	// os-ca.crt and issuer.crt files.
+	Token, CACert, IssuerChain []byte
+	// IssuerFile, if set, is read instead of <Dir>/issuer.crt (and must
+	// exist): replicas sharing one Secret each pick their own chain, e.g.
+	// /etc/steward-trustd/nodes/$(NODE_NAME).crt.
+	IssuerFile string
+	// SignerPublic is the signer's key, which issuer.crt's first
+	// certificate (or, without issuer.crt, os-ca.crt) must hold.
 	SignerPublic crypto.PublicKey
+	// Clock checks the issuer chain's validity; nil means time.Now.
+	Clock func() time.Time
 }
 
 // Digest identifies the content of one read of a file set, so that a
@@ -49,7 +57,8 @@ func (d CertDir) read(name string, inline []byte, optional bool, h *digestBuilde
 	return b, nil
 }
 
-// Credentials reads token, os-ca.crt and accepted-cas.crt.
+// Credentials reads token, os-ca.crt, accepted-cas.crt and issuer.crt
+// and checks them with LoadCredentials.
 func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	var h digestBuilder
 	token, err := d.read(certdir.FileToken, d.Token, false, &h)
@@ -64,8 +73,29 @@ func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	if err != nil {
 		return nil, Digest{}, fmt.Errorf("accepted CAs: %w", err)
 	}
-	c, err := NewCredentials(token, ca, accepted, d.SignerPublic)
+	issuer, source, err := d.readIssuer(&h)
+	if err != nil {
+		return nil, Digest{}, fmt.Errorf("issuer chain: %w", err)
+	}
+	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, IssuerChain: issuer, IssuerSource: source}
+	c, err := LoadCredentials(files, d.SignerPublic, clockOrDefault(d.Clock)())
 	return c, h.sum(), err
+}
+
+// readIssuer reads the issuer chain: inline, from IssuerFile (required),
+// or <Dir>/issuer.crt (optional). It returns its source for messages.
+func (d CertDir) readIssuer(h *digestBuilder) ([]byte, string, error) {
+	switch {
+	case d.IssuerChain != nil:
+		h.add(certdir.FileIssuerChain, d.IssuerChain)
+		return d.IssuerChain, "$TRUSTD_ISSUER_CRT", nil
+	case d.IssuerFile != "":
+		b, err := os.ReadFile(d.IssuerFile)
+		h.add(certdir.FileIssuerChain, b)
+		return b, d.IssuerFile, err
+	}
+	b, err := d.read(certdir.FileIssuerChain, nil, true, h)
+	return b, filepath.Join(d.Dir, certdir.FileIssuerChain), err
 }
 
 // ServingCert reads server.crt and server.key; it returns nil, nil when
@@ -129,12 +159,11 @@ func (r *Reloader) Prime(creds, serving Digest) { r.creds, r.serving = creds, se
 func (r *Reloader) Check() {
 	now := clockOrDefault(r.Clock)()
 	c, d, err := r.Dir.Credentials()
-	if d != r.creds {
-		r.apply("credentials", d, err, &r.creds, &r.badCreds, func() {
-			r.Service.SetCredentials(c)
-			r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize())
-		})
-	}
+	r.apply("credentials", d, err, &r.creds, &r.badCreds, func() {
+		r.Service.SetCredentials(c)
+		r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize())
+		LogIssuer(r.log(), c, now)
+	})
 	if r.Holder == nil {
 		return
 	}
@@ -142,16 +171,24 @@ func (r *Reloader) Check() {
 	if err == nil && cert == nil {
 		err = errors.New("serving certificate files were removed")
 	}
-	if d != r.serving {
-		r.apply("serving", d, err, &r.serving, &r.badServing, func() {
-			r.Holder.Set(cert)
-			r.Metrics.SetServingExpiry(cert.Leaf.NotAfter, now)
-			r.log().Info("serving certificate reloaded", "not_after", cert.Leaf.NotAfter)
-		})
-	}
+	r.apply("serving", d, err, &r.serving, &r.badServing, func() {
+		r.Holder.Set(cert)
+		r.Metrics.SetServingExpiry(cert.Leaf.NotAfter, now)
+		r.log().Info("serving certificate reloaded", "not_after", cert.Leaf.NotAfter)
+	})
 }
 
+// apply installs a changed file set, or refuses a broken one; files back
+// at the running content clear an earlier refusal (trustd_reload_failed).
 func (r *Reloader) apply(what string, d Digest, err error, current, bad *Digest, install func()) {
+	if d == *current {
+		if *bad != (Digest{}) {
+			*bad = Digest{}
+			r.Metrics.SetReloadFailed(what, false)
+			r.log().Info("cert dir back to the running "+what+"; the refused change is gone", "what", what)
+		}
+		return
+	}
 	if err != nil {
 		if d == *bad {
 			return // already reported this broken content

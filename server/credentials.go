@@ -3,7 +3,9 @@ package server
 import (
 	"crypto"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
+	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
@@ -11,41 +13,83 @@ import (
 )
 
 // Credentials are the inputs that may change while the server runs: the
-// worker token, the issuing CA certificate and the CA bundle returned to
-// workers. Values are immutable once built; reload swaps the whole set.
+// worker token, the OS CA certificate, the issuer chain and the CA bundle
+// returned to workers. Values are immutable once built; reload swaps the
+// whole set.
 type Credentials struct {
 	tokens tokenSet
 	ca     *x509.Certificate
-	bundle []byte
-	pool   *x509.CertPool
+	// chain is issuer.crt (tiered setup): the signing key's certificate
+	// first; empty when os-ca.crt is the signing key's.
+	chain    []*x509.Certificate
+	chainPEM []byte
+	bundle   []byte
+	pool     *x509.CertPool
 	// bundleSize is how many CAs bundle holds, for logs.
 	bundleSize int
 }
 
-// NewCredentials checks and assembles credentials. token holds one or more
-// worker tokens, one per line, all valid. caPEM is the issuing OS
-// CA certificate, which must hold the signer's public key; acceptedPEM
-// (optional) adds the CAs that may also authenticate talosctl, e.g. during
-// a rotation. The bundle returned to workers becomes apid's client-CA
-// pool, so every block in it must be a CA certificate allowing ClientAuth.
+// CredentialFiles are the contents of the credential files; nil means
+// absent (AcceptedCAs and IssuerChain are optional).
+type CredentialFiles struct {
+	// Token holds one or more worker tokens, one per line.
+	Token []byte
+	// CACert is os-ca.crt, the root returned to workers as `ca`.
+	CACert []byte
+	// AcceptedCAs adds CAs that may also authenticate talosctl.
+	AcceptedCAs []byte
+	// IssuerChain is issuer.crt, the signing key's chain up to (without)
+	// a CA of CACert/AcceptedCAs.
+	IssuerChain []byte
+	// IssuerSource names where IssuerChain came from in messages; empty
+	// means issuer.crt.
+	IssuerSource string
+}
+
+// NewCredentials checks and assembles single-tier credentials: the
+// issuing OS CA certificate caPEM must hold the signer's public key. See
+// LoadCredentials.
 func NewCredentials(token []byte, caPEM, acceptedPEM []byte, pub crypto.PublicKey) (*Credentials, error) {
-	tokens, err := parseTokens(token)
+	return LoadCredentials(CredentialFiles{Token: token, CACert: caPEM, AcceptedCAs: acceptedPEM}, pub, time.Now())
+}
+
+// LoadCredentials checks and assembles credentials. The bundle returned to
+// workers (os-ca.crt, then accepted-cas.crt) becomes apid's client-CA
+// pool, so every block in it must be a CA certificate allowing ClientAuth.
+// Without an issuer chain os-ca.crt must hold the signer's key (pub; nil
+// skips the check). With one, pki.CheckIssuerChain applies at now: the
+// signer's key is the chain's first certificate, every certificate is a
+// [ServerAuth]-only CA, and the chain verifies to the bundle.
+func LoadCredentials(f CredentialFiles, pub crypto.PublicKey, now time.Time) (*Credentials, error) {
+	tokens, err := parseTokens(f.Token)
 	if err != nil {
 		return nil, err
 	}
-	ca, cas, err := certdir.ParseBundle(caPEM, acceptedPEM)
+	ca, cas, err := certdir.ParseBundle(f.CACert, f.AcceptedCAs)
 	if err != nil {
 		return nil, err
 	}
-	if pub != nil && !pki.KeyMatchesCert(pub, ca) {
-		return nil, mismatch(ca, pub)
+	c := &Credentials{tokens: tokens, ca: ca, bundle: pki.EncodeCertificates(cas...), pool: x509.NewCertPool(), bundleSize: len(cas)}
+	for _, b := range cas {
+		c.pool.AddCert(b)
 	}
-	pool := x509.NewCertPool()
-	for _, c := range cas {
-		pool.AddCert(c)
+	if f.IssuerChain == nil {
+		if pub != nil && !pki.KeyMatchesCert(pub, ca) {
+			return nil, mismatch(ca, pub)
+		}
+		return c, nil
 	}
-	bundle := pki.EncodeCertificates(cas...)
-	return &Credentials{tokens: tokens, ca: ca, bundle: bundle, pool: pool, bundleSize: len(cas)}, nil
+	if c.chain, err = pki.ParseCertificates(f.IssuerChain); err == nil {
+		err = pki.CheckIssuerChain(c.chain, cas, pub, now)
+	}
+	if err != nil {
+		if f.IssuerSource == "" {
+			f.IssuerSource = certdir.FileIssuerChain
+		}
+		return nil, fmt.Errorf("issuer chain (%s): %w", f.IssuerSource, err)
+	}
+	c.chainPEM = pki.EncodeCertificates(c.chain...)
+	return c, nil
 }
 
 // Tokens is the number of valid worker tokens.
@@ -54,14 +98,45 @@ func (c *Credentials) Tokens() int { return c.tokens.len() }
 // BundleSize is the number of CAs in Bundle.
 func (c *Credentials) BundleSize() int { return c.bundleSize }
 
-// CA returns the issuing CA certificate.
+// CA returns the OS CA certificate (os-ca.crt).
 func (c *Credentials) CA() *x509.Certificate { return c.ca }
+
+// Issuer returns the certificate of the signing key: the first of the
+// issuer chain, or the OS CA when there is none.
+func (c *Credentials) Issuer() *x509.Certificate {
+	if len(c.chain) > 0 {
+		return c.chain[0]
+	}
+	return c.ca
+}
+
+// Chain returns the issuer chain (nil in the single-tier setup): what
+// follows every certificate the signer issues, so that verifiers reach
+// the root.
+func (c *Credentials) Chain() []*x509.Certificate { return c.chain }
+
+// IssuerNotAfter is when the signer stops being able to issue anything
+// that verifies: the earliest NotAfter of the issuer chain, or the OS
+// CA's.
+func (c *Credentials) IssuerNotAfter() time.Time {
+	if len(c.chain) > 0 {
+		return pki.IssuerNotAfter(c.chain)
+	}
+	return c.ca.NotAfter
+}
 
 // Bundle returns the PEM bundle returned to workers as `ca`.
 func (c *Credentials) Bundle() []byte { return c.bundle }
 
 // Pool returns the bundle as a certificate pool.
 func (c *Credentials) Pool() *x509.CertPool { return c.pool }
+
+// withChain returns the PEM of leaf followed by the issuer chain: a
+// worker's apid serves the response's `crt` whole (tls.X509KeyPair keeps
+// every block), so talosctl can build the path to the root.
+func (c *Credentials) withChain(leafDER []byte) []byte {
+	return append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leafDER}), c.chainPEM...)
+}
 
 // mismatch reports an os-ca.crt that is not the signer's key's, naming
 // both keys by fingerprint prefix.
@@ -74,5 +149,5 @@ func mismatch(ca *x509.Certificate, pub crypto.PublicKey) error {
 	if err != nil {
 		return err
 	}
-	return fmt.Errorf("OS CA certificate does not match the signer's key (certificate key %s, signer key %s)", got[:16], want[:16])
+	return fmt.Errorf("OS CA certificate does not match the signer's key (certificate key %s, signer key %s); in the tiered setup, provide the signer's chain as %s", got[:16], want[:16], certdir.FileIssuerChain)
 }

@@ -114,6 +114,11 @@ func (r *Readiness) Ready(ctx context.Context) bool {
 	r.mu.Unlock()
 
 	err := probeSign(ctx, r.signer, &r.probes)
+	if err != nil && ctx.Err() == nil {
+		// A probe failure is a signer failure like a request's: the
+		// alerts on trustd_signer_errors_total must fire without traffic.
+		r.metrics.observeSignerError(signer.ErrorKind(err))
+	}
 	r.mu.Lock()
 	r.probing = false
 	r.mu.Unlock()

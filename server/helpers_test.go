@@ -107,3 +107,17 @@ func pemKey(t testing.TB, c *tls.Certificate) []byte {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
 }
+
+// serveGRPC serves svc over TLS with holder's certificate on a loopback
+// port until the test ends, and returns the address.
+func serveGRPC(t *testing.T, svc *Service, holder *CertHolder) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := NewGRPCServer(svc, TLSConfig(holder.GetCertificate))
+	go g.Serve(ln)
+	t.Cleanup(g.Stop)
+	return ln.Addr().String()
+}

@@ -18,6 +18,7 @@ type Metrics struct {
 	servingExpiry  prometheus.Gauge
 	signerInfo     *prometheus.GaugeVec
 	reloads        *prometheus.CounterVec
+	reloadFailed   *prometheus.GaugeVec
 	signerInflight prometheus.Gauge
 	ready          prometheus.Gauge
 	connsOpen      *prometheus.GaugeVec
@@ -61,6 +62,9 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustd_reloads_total", Help: "Reloads of the cert dir, by file set and result (ok, error).",
 		}, []string{"what", "result"}),
+		reloadFailed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "trustd_reload_failed", Help: "1 while the cert dir holds a changed file set that was refused (the daemon runs on the previous one), by file set; 0 after a good reload or when the files are back.",
+		}, []string{"what"}),
 		signerInflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "trustd_signer_inflight", Help: "Requests holding the signer (those waiting in line: trustd_signer_queued).",
 		}),
@@ -79,12 +83,13 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	initLabels(m.denied, "auth", "policy", "bad_csr", "oversized", "rate_limit", "saturated", "signer", "other")
 	for _, what := range []string{"credentials", "serving"} {
 		initLabels(m.reloads.MustCurryWith(prometheus.Labels{"what": what}), "ok", "error")
+		m.reloadFailed.WithLabelValues(what).Set(0)
 	}
 	for _, kind := range []string{"policy", "device", "auth", "options", "other"} {
 		m.signerErrors.WithLabelValues(backend, kind)
 	}
 	reg.MustRegister(m.issued, m.denied, m.signerLatency, m.signerErrors, m.caExpiry, m.servingExpiry,
-		m.signerInfo, m.reloads, m.signerInflight, m.ready, m.connsOpen, m.connsRefused, m.connsClosed,
+		m.signerInfo, m.reloads, m.reloadFailed, m.signerInflight, m.ready, m.connsOpen, m.connsRefused, m.connsClosed,
 		m.streamsReset, m.tokenUsed, m.connsLimit, m.connsAbandoned)
 	m.gate = newGateMetrics(reg)
 	return m
@@ -166,7 +171,15 @@ func (m *Metrics) observeSign(d time.Duration, kind string) {
 		m.signerLatency.WithLabelValues(m.backend).Observe(d.Seconds())
 		return
 	}
-	m.signerErrors.WithLabelValues(m.backend, kind).Inc()
+	m.observeSignerError(kind)
+}
+
+// observeSignerError counts a failed signature, for a request or a
+// readiness probe, by kind (signer.ErrorKind).
+func (m *Metrics) observeSignerError(kind string) {
+	if m != nil {
+		m.signerErrors.WithLabelValues(m.backend, kind).Inc()
+	}
 }
 
 // SetCAExpiry records when the issuing CA expires.
@@ -183,7 +196,8 @@ func (m *Metrics) SetServingExpiry(notAfter time.Time, now time.Time) {
 	}
 }
 
-// ObserveReload counts a reload of what ("credentials", "serving") with ok or not.
+// ObserveReload counts a reload of what ("credentials", "serving") with ok
+// or not, and keeps trustd_reload_failed at 1 until the next good one.
 func (m *Metrics) ObserveReload(what string, err error) {
 	if m == nil {
 		return
@@ -193,6 +207,20 @@ func (m *Metrics) ObserveReload(what string, err error) {
 		result = "error"
 	}
 	m.reloads.WithLabelValues(what, result).Inc()
+	m.SetReloadFailed(what, err != nil)
+}
+
+// SetReloadFailed sets trustd_reload_failed{what}: 1 while a refused file
+// set is in the cert dir.
+func (m *Metrics) SetReloadFailed(what string, failed bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if failed {
+		v = 1
+	}
+	m.reloadFailed.WithLabelValues(what).Set(v)
 }
 
 func (m *Metrics) setReady(ok bool) {

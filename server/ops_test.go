@@ -225,6 +225,10 @@ func TestReadinessAndHealthEndpoints(t *testing.T) {
 	if c := get("/readyz"); c != 503 {
 		t.Fatalf("/readyz %d with the device gone", c)
 	}
+	// The failed probe counts like a request's signer error.
+	if got := testutil.ToFloat64(m.signerErrors.WithLabelValues("file", "device")); got != 1 {
+		t.Fatalf("trustd_signer_errors_total{kind=device} %v after a failed probe, want 1", got)
+	}
 	fs.setErr(nil)
 	clk.add(20 * time.Second)
 	if c := get("/readyz"); c != 200 {
@@ -357,6 +361,26 @@ func TestReload(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.reloads.WithLabelValues("credentials", "ok")); got != 2 {
 		t.Fatalf("successful reloads %v, want 2", got)
+	}
+	wantReloadFailed(t, m, 0, "after a good reload")
+	// Broken again, then the running files put back: the alert's gauge
+	// stays 1 while the refused set is there and clears without a reload.
+	mkgen("gen5", map[string][]byte{certdir.FileToken: []byte("fourth-token"), certdir.FileCACert: other.pem})
+	rl.Check()
+	wantReloadFailed(t, m, 1, "with a refused set in the dir")
+	mkgen("gen6", map[string][]byte{certdir.FileToken: []byte("third-token"), certdir.FileCACert: ca.pem})
+	rl.Check()
+	wantReloadFailed(t, m, 0, "with the running files back")
+	if got := testutil.ToFloat64(m.reloads.WithLabelValues("credentials", "ok")); got != 2 {
+		t.Fatalf("successful reloads %v after the files came back, want 2 (nothing to reload)", got)
+	}
+}
+
+// wantReloadFailed checks trustd_reload_failed{what="credentials"}.
+func wantReloadFailed(t *testing.T, m *Metrics, want float64, when string) {
+	t.Helper()
+	if got := testutil.ToFloat64(m.reloadFailed.WithLabelValues("credentials")); got != want {
+		t.Fatalf("trustd_reload_failed %v %s, want %v", got, when, want)
 	}
 }
 

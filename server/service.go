@@ -7,7 +7,6 @@ package server
 import (
 	"context"
 	"crypto/rand"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
@@ -155,7 +154,7 @@ func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*p
 	s.metrics.inflight(1)
 	defer s.metrics.inflight(-1)
 	t0 := s.now()
-	cert, err := Issue(r, creds.ca, s.signer, s.limits.Validity, s.now(), s.rand)
+	cert, err := Issue(r, creds.Issuer(), s.signer, s.limits.Validity, s.now(), s.rand)
 	s.metrics.observeLate(ctx, err)
 	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
 	s.signerState.observe(err)
@@ -188,7 +187,7 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	rec.notAfter = cert.NotAfter
 	return &securityapi.CertificateResponse{
 		Ca:  creds.bundle,
-		Crt: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}),
+		Crt: creds.withChain(cert.Raw),
 	}, nil
 }
 

@@ -86,16 +86,10 @@ func startServer(t *testing.T, policy Policy) *testServer {
 	if err := si.Issue(); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := NewGRPCServer(svc, TLSConfig(holder.GetCertificate))
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
+	addr := serveGRPC(t, svc, holder)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.cert)
-	return &testServer{addr: ln.Addr().String(), ca: ca, svc: svc, logs: logs, roots: roots, signer: fs}
+	return &testServer{addr: addr, ca: ca, svc: svc, logs: logs, roots: roots, signer: fs}
 }
 
 func (ts *testServer) client(t *testing.T) securityapi.SecurityServiceClient {

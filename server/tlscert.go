@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -10,6 +11,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -65,8 +69,13 @@ type SelfIssuer struct {
 	Holder *CertHolder
 	// Signer is the OS CA key.
 	Signer signer.Signer
-	// CA returns the current issuing CA certificate.
+	// CA returns the current issuing CA certificate (the signer's).
 	CA func() *x509.Certificate
+	// Credentials, if set, takes the place of CA: the issuer and the
+	// issuer chain sent after the leaf come from one snapshot. The
+	// worker's trustd client trusts only the root (its accepted CAs), so
+	// in the tiered setup it needs the intermediate from us.
+	Credentials func() *Credentials
 	// Hosts returns the IP addresses and DNS names to put in the SANs
 	// (computed at each issuance: interface addresses may change).
 	Hosts func() ([]string, error)
@@ -98,16 +107,32 @@ func (si *SelfIssuer) Issue() error {
 	if err != nil {
 		return fmt.Errorf("serving key: %w", err)
 	}
-	cert, err := pki.NewServingCertificate(si.CA(), si.Signer, &key.PublicKey, hosts, si.validity(), clockOrDefault(si.Clock)(), randOrDefault(si.Rand))
+	issuer, chain := si.issuer()
+	hosts = permittedHosts(hosts, issuer)
+	cert, err := pki.NewServingCertificate(issuer, si.Signer, &key.PublicKey, hosts, si.validity(), clockOrDefault(si.Clock)(), randOrDefault(si.Rand))
 	if err != nil {
 		return fmt.Errorf("issue serving certificate: %w", err)
 	}
-	si.Holder.Set(&tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert})
+	served := [][]byte{cert.Raw}
+	for _, c := range chain {
+		served = append(served, c.Raw)
+	}
+	si.Holder.Set(&tls.Certificate{Certificate: served, PrivateKey: key, Leaf: cert})
 	si.Metrics.SetServingExpiry(cert.NotAfter, clockOrDefault(si.Clock)())
 	if si.Logger != nil {
 		si.Logger.Info("serving certificate issued", "sans", hosts, "not_after", cert.NotAfter, "serial", cert.SerialNumber.Text(16))
 	}
 	return nil
+}
+
+// issuer returns the issuing certificate and the chain to serve after
+// the leaf.
+func (si *SelfIssuer) issuer() (*x509.Certificate, []*x509.Certificate) {
+	if si.Credentials == nil {
+		return si.CA(), nil
+	}
+	c := si.Credentials()
+	return c.Issuer(), c.Chain()
 }
 
 // NeedsRenewal reports whether the installed certificate has less than a
@@ -116,6 +141,9 @@ func (si *SelfIssuer) NeedsRenewal() bool {
 	c := si.Holder.Get()
 	if c == nil || c.Leaf == nil {
 		return true
+	}
+	if si.Credentials != nil && !sameChain(c.Certificate[1:], si.Credentials().Chain()) {
+		return true // a new issuer.crt was loaded: serve its chain
 	}
 	life := c.Leaf.NotAfter.Sub(c.Leaf.NotBefore)
 	return clockOrDefault(si.Clock)().After(c.Leaf.NotAfter.Add(-life / 3))
@@ -133,6 +161,36 @@ func (si *SelfIssuer) Run(ctx context.Context, interval time.Duration) {
 			si.Logger.Error("serving certificate renewal failed; keeping the current one", "error", err)
 		}
 	})
+}
+
+// permittedHosts drops the IP addresses an issuer's IP name constraints
+// (RFC 5280 section 4.2.1.10) do not permit: a serving certificate
+// holding one would fail verification as a whole, so interface addresses
+// outside the worker ranges (loopback, a pod network) are left out.
+func permittedHosts(hosts []string, issuer *x509.Certificate) []string {
+	if len(issuer.PermittedIPRanges) == 0 {
+		return hosts
+	}
+	var out []string
+	for _, h := range hosts {
+		ip := net.ParseIP(strings.TrimSpace(h))
+		if ip == nil || slices.ContainsFunc(issuer.PermittedIPRanges, func(n *net.IPNet) bool { return n.Contains(ip) }) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+func sameChain(served [][]byte, chain []*x509.Certificate) bool {
+	if len(served) != len(chain) {
+		return false
+	}
+	for i, c := range chain {
+		if !bytes.Equal(served[i], c.Raw) {
+			return false
+		}
+	}
+	return true
 }
 
 func clockOrDefault(c func() time.Time) func() time.Time {

@@ -60,7 +60,7 @@ func doctorCmd(stdout io.Writer) *cobra.Command {
 	}
 	fs := c.Flags()
 	fs.StringVar(&f.machineConfig, "machineconfig", "", "the worker's machine config (worker.yaml) or the ceremony's worker patch")
-	fs.StringVar(&f.endpoint, "endpoint", "", "host:port to dial instead of cluster.controlPlane.endpoint:50001")
+	fs.StringVar(&f.endpoint, "endpoint", "", "host:port to dial instead of the machine config's cluster endpoint host:50001")
 	fs.StringVar(&f.talosctlCA, "talosctl-ca", "", "CA whose talosctl certificates must be accepted (default: machine.ca)")
 	cli.DurationVar(fs, &f.timeout, "timeout", 10*time.Second, 100*time.Millisecond, 5*time.Minute, "timeout of each network step (a worker's attempt is 10s)")
 	fs.StringVarP(&f.output, "output", "o", "text", "text or json")

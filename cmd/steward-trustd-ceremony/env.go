@@ -3,8 +3,10 @@ package main
 import (
 	"crypto/rand"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -133,6 +135,49 @@ func mkdir(dir string) (keystore.OSDir, error) {
 		return keystore.OSDir{}, err
 	}
 	return keystore.OSDir{Root: dir}, nil
+}
+
+// createOut creates --out for init and import and returns undo, which
+// removes the directories it created if they are still empty: a failed
+// operation leaves no empty --out behind, while one that wrote an intent
+// record (to be resumed) keeps it, since os.Remove refuses a non-empty
+// directory.
+func createOut(dir string) (keystore.OSDir, func(), error) {
+	var created []string // deepest first
+	for p := filepath.Clean(dir); ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		created = append(created, p)
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	d, err := mkdir(dir)
+	undo := func() {
+		for _, p := range created {
+			if os.Remove(p) != nil {
+				return
+			}
+		}
+	}
+	if err != nil {
+		undo()
+	}
+	return d, undo, err
+}
+
+// runInOut runs op on a new or existing --out directory; see createOut.
+func runInOut(out string, op func(keystore.OSDir) (*keystore.Outcome, error)) (*keystore.Outcome, error) {
+	d, undo, err := createOut(out)
+	if err != nil {
+		return nil, err
+	}
+	res, err := op(d)
+	if err != nil {
+		undo()
+	}
+	return res, err
 }
 
 // receiptsDir is --dir, or the directory of the CA file.

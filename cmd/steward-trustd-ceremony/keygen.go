@@ -11,6 +11,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/signer"
 )
 
 // keyFlags are the flags of commands that create a key.
@@ -26,6 +27,16 @@ func (k *keyFlags) register(cmd *cobra.Command, algUsage, pcrsUsage string) {
 	cli.ListVar(cmd.Flags(), &k.authorities, "policy-authority", nil, policyAuthorityUsage)
 }
 
+// key parses --algorithm and binds uri to --pcrs (tpm: only).
+func (k *keyFlags) key(uri string) (string, signer.Algorithm, error) {
+	alg, err := parseAlgorithm(k.algorithm)
+	if err != nil {
+		return "", "", err
+	}
+	uri, err = withPCRs(uri, k.pcrs)
+	return uri, alg, err
+}
+
 func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var o keystore.InitOptions
 	var k keyFlags
@@ -38,21 +49,14 @@ func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			var err error
-			if o.Algorithm, err = parseAlgorithm(k.algorithm); err != nil {
-				return err
-			}
-			if o.SignerURI, err = withPCRs(o.SignerURI, k.pcrs); err != nil {
+			if o.SignerURI, o.Algorithm, err = k.key(o.SignerURI); err != nil {
 				return err
 			}
 			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, k.authorities, out); err != nil {
 				return err
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
-				d, err := mkdir(out)
-				if err != nil {
-					return nil, err
-				}
-				return cer.Init(cmd.Context(), d, o)
+				return runInOut(out, func(d keystore.OSDir) (*keystore.Outcome, error) { return cer.Init(cmd.Context(), d, o) })
 			})
 		},
 	}
@@ -99,12 +103,16 @@ func (f importFlags) source() (*keystore.ImportSource, error) {
 	}
 }
 
-// path is the source file to destroy once the key is on the device.
-func (f importFlags) path() string {
+// destroyHint says what to do with the source once the key is on the
+// device: a key file goes; a secrets.yaml keeps everything but
+// certs.os.key, since `talosctl gen config --with-secrets` needs the rest
+// (worker configs take only certs.os.crt).
+func (f importFlags) destroyHint() string {
 	if f.key != "" {
-		return f.key
+		return "destroy the source now: shred -u " + f.key
 	}
-	return f.secrets
+	return "now delete certs.os.key (only that key) from " + f.secrets + " and destroy every other copy of the original; " +
+		"keep the rest for worker configs: talosctl gen config CLUSTER https://ENDPOINT:6443 --with-secrets " + f.secrets + " --output-types worker"
 }
 
 func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -127,14 +135,10 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			err = env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
-				d, err := mkdir(out)
-				if err != nil {
-					return nil, err
-				}
-				return cer.Import(cmd.Context(), d, o)
+				return runInOut(out, func(d keystore.OSDir) (*keystore.Outcome, error) { return cer.Import(cmd.Context(), d, o) })
 			})
 			if err == nil {
-				fmt.Fprintf(stdout, "destroy the source now: shred -u %s\n", src.path())
+				fmt.Fprintln(stdout, src.destroyHint())
 			}
 			return err
 		},
@@ -154,28 +158,34 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 func rotateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var o keystore.RotateOptions
 	var k keyFlags
-	var out string
-	var finish bool
+	var out, name string
+	var finish, intermediate bool
 	c := &cobra.Command{
-		Use:   "rotate --new-signer URI --out DIR [--finish]",
-		Short: "Start a CA rotation (new key, both CAs accepted), or finish it with --finish",
+		Use:   "rotate --new-signer URI --out DIR [--finish] [--intermediate --name NAME]",
+		Short: "Start a CA rotation (new key, both CAs accepted), or finish it with --finish; --intermediate rotates a node's intermediate",
+		Long: `Without --intermediate, rotate replaces the OS CA (the root): a new key and CA that workers accept
+alongside the old one until --finish.
+With --intermediate, DIR is a node's cert dir (os-ca.crt, issuer.crt): rotate creates the node's new
+intermediate key at --new-signer and writes DIR/issuer.next.csr for the root to sign into
+DIR/issuer.next.crt; the daemon keeps signing with the old key meanwhile. --finish checks the new
+chain as the daemon will and makes it issuer.crt; then restart the daemon on the new key.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cli.Required(map[string]string{"new-signer": o.NewSignerURI, "out": out}); err != nil {
 				return err
 			}
 			d := keystore.OSDir{Root: out}
 			if finish {
-				return rotateFinish(cmd, env, stdout, stderr, d, o.NewSignerURI)
+				return rotateFinish(cmd, env, stdout, stderr, d, o.NewSignerURI, intermediate)
 			}
 			var err error
-			if o.Algorithm, err = parseAlgorithm(k.algorithm); err != nil {
-				return err
-			}
-			if o.NewSignerURI, err = withPCRs(o.NewSignerURI, k.pcrs); err != nil {
+			if o.NewSignerURI, o.Algorithm, err = k.key(o.NewSignerURI); err != nil {
 				return err
 			}
 			if o.NewSignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.NewSignerURI, k.authorities, out); err != nil {
 				return err
+			}
+			if intermediate {
+				return rotateIntermediate(cmd, env, stdout, stderr, d, keystore.IntermediateRequestOptions{SignerURI: o.NewSignerURI, Algorithm: o.Algorithm, Name: name})
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 				return cer.Rotate(cmd.Context(), d, o)
@@ -185,19 +195,37 @@ func rotateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	f := c.Flags()
 	f.StringVar(&o.NewSignerURI, "new-signer", "", "key URI of the new CA key (created at start, used at --finish)")
 	f.BoolVar(&finish, "finish", false, "finish the rotation: the new CA becomes os-ca.crt, the old one is dropped")
+	f.BoolVar(&intermediate, "intermediate", false, "rotate this node's intermediate (tiered setup) instead of the root")
+	f.StringVar(&name, "name", "", "--intermediate: the new intermediate's common name, e.g. the node name")
 	k.register(c, "new key algorithm", "TPM only: PCRs to bind the new key to")
 	cli.HoursVar(f, &o.Validity, "hours", 87600, cli.MaxCAHours, "new CA validity in hours")
-	f.StringVar(&out, "out", "", "ceremony directory (holds os-ca.crt and token)")
+	f.StringVar(&out, "out", "", "ceremony directory (holds os-ca.crt and token), or with --intermediate the node's cert dir")
 	return c
 }
 
-func rotateFinish(cmd *cobra.Command, env *environment, stdout, stderr io.Writer, d keystore.Dir, uri string) error {
-	for _, n := range []string{"algorithm", "pcrs", "hours", "policy-authority"} {
+// rotateIntermediate starts an intermediate rotation.
+func rotateIntermediate(cmd *cobra.Command, env *environment, stdout, stderr io.Writer, d keystore.Dir, o keystore.IntermediateRequestOptions) error {
+	if o.Name == "" {
+		return cli.Usagef("required flag(s) --name not set: --intermediate needs the new intermediate's common name")
+	}
+	if cmd.Flags().Changed("hours") {
+		return cli.Usagef("--hours applies to the root; an intermediate's validity is chosen by intermediate sign")
+	}
+	return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+		return cer.IntermediateRotate(cmd.Context(), d, o)
+	})
+}
+
+func rotateFinish(cmd *cobra.Command, env *environment, stdout, stderr io.Writer, d keystore.Dir, uri string, intermediate bool) error {
+	for _, n := range []string{"algorithm", "pcrs", "hours", "policy-authority", "name"} {
 		if cmd.Flags().Changed(n) {
 			return cli.Usagef("--%s applies to starting a rotation, not to --finish", n)
 		}
 	}
 	return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+		if intermediate {
+			return cer.IntermediateRotateFinish(cmd.Context(), d, uri)
+		}
 		return cer.RotateFinish(cmd.Context(), d, keystore.RotateFinishOptions{NewSignerURI: uri})
 	})
 }

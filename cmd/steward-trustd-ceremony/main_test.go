@@ -82,6 +82,7 @@ func TestOperationErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	ca := filepath.Join(out, "os-ca.crt")
+	missingModule := "pkcs11:token=t;object=o?module-path=/nonexistent.so&pin-value=1234"
 	tests := []struct {
 		name string
 		args []string
@@ -96,6 +97,8 @@ func TestOperationErrors(t *testing.T) {
 		{"garbage import key", []string{"import", "--signer", "file:" + filepath.Join(dir, "i.key"), "--key", garbage, "--cert", ca, "--out", filepath.Join(dir, "i")}, "no private key PEM block"},
 		{"garbage machine config", []string{"doctor", "--machineconfig", garbage}, "machine config"},
 		{"rotate finish without start", []string{"rotate", "--new-signer", key, "--out", out, "--finish"}, "no rotation in progress"},
+		{"init on a missing module", []string{"init", "--signer", missingModule, "--cluster", "c", "--out", filepath.Join(dir, "new", "init")}, "nonexistent.so"},
+		{"import to a missing module", []string{"import", "--signer", missingModule, "--key", filepath.Join(dir, "ca.key"), "--cert", ca, "--out", filepath.Join(dir, "new", "import")}, "nonexistent.so"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -108,8 +111,9 @@ func TestOperationErrors(t *testing.T) {
 			}
 		})
 	}
-	// Nothing was written by the failed commands.
-	for _, p := range []string{filepath.Join(dir, "o.crt"), filepath.Join(dir, "k2.key"), filepath.Join(dir, "i")} {
+	// Nothing was written by the failed commands, not even an empty --out
+	// (nor its parent "new", which init and import created).
+	for _, p := range []string{filepath.Join(dir, "o.crt"), filepath.Join(dir, "k2.key"), filepath.Join(dir, "i"), filepath.Join(dir, "new")} {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("%s exists after a failed command", p)
 		}

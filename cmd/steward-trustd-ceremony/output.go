@@ -46,16 +46,34 @@ func printStatus(w io.Writer, st *keystore.Status) {
 	printKey(w, st)
 	printSignedPolicy(w, st.SignedPolicy)
 	if ca := st.CA; ca != nil {
-		fmt.Fprintf(w, "CA subject:   %s\n", ca.Subject)
-		fmt.Fprintf(w, "CA sha256:    %s\n", ca.Fingerprint)
-		fmt.Fprintf(w, "CA valid:     %s to %s", ca.NotBefore.Format(time.RFC3339), ca.NotAfter.Format(time.RFC3339))
-		if ca.Expired {
-			fmt.Fprintf(w, " (NOT VALID NOW)")
-		}
-		fmt.Fprintln(w)
-		fmt.Fprintf(w, "key matches:  %t\n", ca.KeyMatches)
+		printCert(w, "CA ", ca)
+	}
+	for i := range st.Chain {
+		fmt.Fprintf(w, "issuer chain[%d]:\n", i)
+		printCert(w, "  ", &st.Chain[i])
+	}
+	if st.CA != nil || len(st.Chain) > 0 {
+		fmt.Fprintf(w, "key matches:  %t\n", st.KeyMatches())
+	}
+	if st.ChainError != "" {
+		fmt.Fprintf(w, "chain:        REFUSED: %s\n", st.ChainError)
+	} else if len(st.Chain) > 0 {
+		fmt.Fprintf(w, "chain:        ok (the daemon accepts it)\n")
 	}
 	printReceipts(w, st)
+}
+
+// printCert prints one certificate of status, each line's label after
+// prefix ("CA ", or an indent under an issuer chain heading).
+func printCert(w io.Writer, prefix string, c *keystore.CAStatus) {
+	fmt.Fprintf(w, "%-13s %s\n", prefix+"subject:", c.Subject)
+	fmt.Fprintf(w, "%-13s %s\n", prefix+"sha256:", c.Fingerprint)
+	fmt.Fprintf(w, "%-13s %s to %s", prefix+"valid:", c.NotBefore.Format(time.RFC3339), c.NotAfter.Format(time.RFC3339))
+	if c.Expired {
+		fmt.Fprintf(w, " (NOT VALID NOW)")
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%-13s %s\n", prefix+"EKU:", c.EKU)
 }
 
 func printKey(w io.Writer, st *keystore.Status) {

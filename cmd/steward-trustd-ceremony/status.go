@@ -3,18 +3,43 @@ package main
 import (
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 )
 
 // statusFlags are the flags of status.
 type statusFlags struct {
-	signer, ca, dir, output string
+	signer, ca, issuer, dir, output string
+}
+
+// chain reads --issuer, or issuer.crt next to --ca when present.
+func (f statusFlags) chain() ([]*x509.Certificate, error) {
+	path := f.issuer
+	if path == "" && f.ca != "" {
+		if _, err := os.Stat(issuerNextTo(f.ca)); err == nil {
+			path = issuerNextTo(f.ca)
+		}
+	}
+	if path == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read issuer chain: %w", err)
+	}
+	chain, err := pki.ParseCertificates(data)
+	if err != nil {
+		return nil, fmt.Errorf("issuer chain %s: %w", path, err)
+	}
+	return chain, nil
 }
 
 // inputs reads --ca and the receipts directory (--dir, default the
@@ -40,8 +65,8 @@ func (f statusFlags) inputs() (*x509.Certificate, keystore.Dir, error) {
 func statusCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var f statusFlags
 	c := &cobra.Command{
-		Use:   "status --signer URI [--ca os-ca.crt] [--dir DIR] [--output text|json]",
-		Short: "Describe the CA key, its policy, the CA certificate and the receipts",
+		Use:   "status --signer URI [--ca os-ca.crt] [--issuer issuer.crt] [--dir DIR] [--output text|json]",
+		Short: "Describe the CA key, its policy, the CA certificate, the issuer chain and the receipts",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cli.Required(map[string]string{"signer": f.signer}); err != nil {
 				return err
@@ -53,11 +78,15 @@ func statusCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			chain, err := f.chain()
+			if err != nil {
+				return err
+			}
 			cer, err := env.ceremony(stderr)
 			if err != nil {
 				return err
 			}
-			st, err := cer.Status(cmd.Context(), f.signer, ca, d)
+			st, err := cer.Status(cmd.Context(), f.signer, ca, d, chain...)
 			if err != nil {
 				return err
 			}
@@ -66,7 +95,8 @@ func statusCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	}
 	fs := c.Flags()
 	fs.StringVar(&f.signer, "signer", "", "CA key URI")
-	fs.StringVar(&f.ca, "ca", "", "CA certificate to check against the key")
+	fs.StringVar(&f.ca, "ca", "", "CA certificate to check against the key (the root, in the tiered setup)")
+	fs.StringVar(&f.issuer, "issuer", "", "tiered setup: the node's issuer.crt to check against the key and --ca (default: issuer.crt next to --ca, if present)")
 	fs.StringVar(&f.dir, "dir", "", "ceremony directory whose receipts to list (default: the directory of --ca)")
 	fs.StringVarP(&f.output, "output", "o", "text", "text or json")
 	return c
@@ -78,7 +108,12 @@ func reportStatus(w io.Writer, output string, st *keystore.Status) error {
 		return writeJSON(w, st)
 	}
 	printStatus(w, st)
-	if st.CA != nil && !st.CA.KeyMatches {
+	switch {
+	case st.ChainError != "":
+		return errors.New("the daemon would refuse the issuer chain: " + st.ChainError)
+	case len(st.Chain) > 0 && !st.KeyMatches():
+		return errors.New("the key does not match the issuer chain's first certificate")
+	case len(st.Chain) == 0 && st.CA != nil && !st.KeyMatches():
 		return errors.New("the key does not match the CA certificate")
 	}
 	return nil

@@ -34,10 +34,12 @@ func settings() []setting {
 		{"tenant", "TRUSTD_TENANT", "tenant (cluster) name recorded in logs and audit lines", false},
 		{"token", "TRUSTD_TOKEN", "worker tokens (machine.token), comma-separated, all valid; prefer the token file in the cert dir (one per line)", true},
 		{"os-ca-crt", "TRUSTD_OS_CA_CRT", "base64 PEM of the OS CA certificate (default: <cert-dir>/os-ca.crt)", false},
+		{"issuer-crt", "TRUSTD_ISSUER_CRT", "base64 PEM of the signing key's certificate chain, its own (intermediate) certificate first, the root excluded: the tiered setup (default: <cert-dir>/issuer.crt if present)", false},
+		{"issuer-crt-file", "TRUSTD_ISSUER_CRT_FILE", "path of the issuer chain file instead of <cert-dir>/issuer.crt, e.g. /etc/steward-trustd/nodes/$(NODE_NAME).crt when replicas share one Secret; must exist", false},
 		{"os-ca-key", "TRUSTD_OS_CA_KEY", "base64 PEM of the OS CA key, held in memory (file signer only; prefer --signer)", true},
 		{"server-crt", "TRUSTD_SERVER_CRT", "base64 PEM of the serving certificate (default: <cert-dir>/server.crt, else self-issued)", false},
 		{"server-key", "TRUSTD_SERVER_KEY", "base64 PEM of the serving key (default: <cert-dir>/server.key)", true},
-		{"cert-dir", "TRUSTD_CERT_DIR", "directory with os-ca.crt, os-ca.key, server.crt, server.key, token, accepted-cas.crt", false},
+		{"cert-dir", "TRUSTD_CERT_DIR", "directory with os-ca.crt, issuer.crt, os-ca.key, server.crt, server.key, token, accepted-cas.crt", false},
 		{"signer", "TRUSTD_SIGNER", "OS CA key URI: file:/path, tpm:..., pkcs11:... (default: file:<cert-dir>/os-ca.key)", false},
 		{"cert-sans", "TRUSTD_CERT_SANS", "comma-separated extra IPs/DNS names for the self-issued serving certificate", false},
 		{"allowed-san-cidrs", "TRUSTD_ALLOWED_SAN_CIDRS", "comma-separated CIDRs; every IP SAN requested must fall inside one (default: no restriction)", false},
@@ -100,19 +102,21 @@ func resolve(fs *pflag.FlagSet, getenv func(string) (string, bool)) lookup {
 
 // config is the daemon's validated configuration.
 type config struct {
-	listen   string
-	tenant   string
-	debug    bool
-	certDir  string
-	signer   string
-	inlineCA []byte // OS CA key held in memory (TRUSTD_OS_CA_KEY), file signer only
-	caPEM    []byte // inline CA certificate; nil means <cert-dir>/os-ca.crt
-	token    []byte // inline token; nil means <cert-dir>/token
-	srvCrt   []byte
-	srvKey   []byte
-	certSANs []string
-	allowed  []netip.Prefix
-	peerIP   bool
+	listen     string
+	tenant     string
+	debug      bool
+	certDir    string
+	signer     string
+	inlineCA   []byte // OS CA key held in memory (TRUSTD_OS_CA_KEY), file signer only
+	caPEM      []byte // inline CA certificate; nil means <cert-dir>/os-ca.crt
+	issuer     []byte // inline issuer chain; nil means issuerFile, else <cert-dir>/issuer.crt if present
+	issuerFile string
+	token      []byte // inline token; nil means <cert-dir>/token
+	srvCrt     []byte
+	srvKey     []byte
+	certSANs   []string
+	allowed    []netip.Prefix
+	peerIP     bool
 
 	healthAddr     string
 	rates          server.RateLimits
@@ -189,10 +193,13 @@ func loadInline(c *config, get lookup) error {
 	for _, b := range []struct {
 		name string
 		dst  *[]byte
-	}{{"os-ca-key", &c.inlineCA}, {"os-ca-crt", &c.caPEM}, {"server-crt", &c.srvCrt}, {"server-key", &c.srvKey}} {
+	}{{"os-ca-key", &c.inlineCA}, {"os-ca-crt", &c.caPEM}, {"issuer-crt", &c.issuer}, {"server-crt", &c.srvCrt}, {"server-key", &c.srvKey}} {
 		if *b.dst, err = base64Setting(get, b.name); err != nil {
 			return err
 		}
+	}
+	if c.issuerFile, _ = get("issuer-crt-file"); c.issuerFile != "" && c.issuer != nil {
+		return bad("issuer-crt-file", "an issuer chain file contradicts TRUSTD_ISSUER_CRT; use one or the other")
 	}
 	if (c.srvCrt == nil) != (c.srvKey == nil) {
 		return bad("server-key", "the serving certificate and key must be given together (TRUSTD_SERVER_CRT and TRUSTD_SERVER_KEY)")

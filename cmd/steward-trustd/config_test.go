@@ -49,6 +49,18 @@ func TestLoadConfig(t *testing.T) {
 		{name: "bad base64", env: map[string]string{"TRUSTD_OS_CA_KEY": "%%%secret%%%"}, wantErr: "TRUSTD_OS_CA_KEY"},
 		{name: "crt without key", env: map[string]string{"TRUSTD_SERVER_CRT": b64}, wantErr: "TRUSTD_SERVER_KEY"},
 		{name: "inline key and signer", env: map[string]string{"TRUSTD_OS_CA_KEY": b64, "TRUSTD_SIGNER": "tpm:handle=0x81000100"}, wantErr: "TRUSTD_OS_CA_KEY"},
+		{name: "inline issuer chain", env: map[string]string{"TRUSTD_ISSUER_CRT": b64}, check: func(t *testing.T, c *config) {
+			if string(c.issuer) != "pem" {
+				t.Fatalf("issuer %q", c.issuer)
+			}
+		}},
+		{name: "issuer file", env: map[string]string{"TRUSTD_ISSUER_CRT_FILE": "/n/a.crt"}, check: func(t *testing.T, c *config) {
+			if c.issuerFile != "/n/a.crt" {
+				t.Fatalf("issuer file %q", c.issuerFile)
+			}
+		}},
+		{name: "issuer file and inline", env: map[string]string{"TRUSTD_ISSUER_CRT_FILE": "/n/a.crt", "TRUSTD_ISSUER_CRT": b64}, wantErr: "TRUSTD_ISSUER_CRT_FILE"},
+		{name: "bad issuer base64", env: map[string]string{"TRUSTD_ISSUER_CRT": "%%%"}, wantErr: "TRUSTD_ISSUER_CRT"},
 		{name: "inline key", env: map[string]string{"TRUSTD_OS_CA_KEY": b64}, check: func(t *testing.T, c *config) {
 			if c.signer != "" || string(c.inlineCA) != "pem" {
 				t.Fatalf("signer %q inline %q", c.signer, c.inlineCA)

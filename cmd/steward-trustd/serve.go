@@ -97,11 +97,12 @@ func newDaemon(cfg *config, sgn signer.Signer, log *slog.Logger) (*daemon, error
 // the SecurityService and the reloader.
 func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server.Service, *server.CertHolder, error) {
 	cfg := d.cfg
-	dir := server.CertDir{Dir: cfg.certDir, Token: cfg.token, CACert: cfg.caPEM, SignerPublic: sgn.Public()}
+	dir := server.CertDir{Dir: cfg.certDir, Token: cfg.token, CACert: cfg.caPEM, IssuerChain: cfg.issuer, IssuerFile: cfg.issuerFile, SignerPublic: sgn.Public()}
 	creds, credsDigest, err := dir.Credentials()
 	if err != nil {
 		return nil, nil, err
 	}
+	server.LogIssuer(d.log, creds, time.Now())
 	svc, err := server.New(server.Config{
 		Signer:      sgn,
 		Credentials: creds,
@@ -116,6 +117,7 @@ func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server
 	if err != nil {
 		return nil, nil, err
 	}
+	server.RegisterIssuerExpiry(d.registry, svc, nil)
 	holder := &server.CertHolder{}
 	var servingDigest server.Digest
 	d.selfIssuer, servingDigest, err = setupServingCert(cfg, dir, holder, sgn, svc, metrics, d.log)
@@ -230,7 +232,7 @@ func setupServingCert(cfg *config, dir server.CertDir, holder *server.CertHolder
 		return nil, d, err
 	}
 	if c != nil {
-		if _, err := c.Leaf.Verify(x509.VerifyOptions{Roots: svc.Credentials().Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		if _, err := c.Leaf.Verify(servedChainOptions(c, svc.Credentials().Pool())); err != nil {
 			log.Warn("serving certificate does not chain to the OS CA or accepted CAs; workers will refuse it", "error", err)
 		}
 		holder.Set(c)
@@ -239,15 +241,27 @@ func setupServingCert(cfg *config, dir server.CertDir, holder *server.CertHolder
 		return nil, d, nil
 	}
 	si := &server.SelfIssuer{
-		Holder:  holder,
-		Signer:  sgn,
-		CA:      func() *x509.Certificate { return svc.Credentials().CA() },
-		Hosts:   func() ([]string, error) { return servingHosts(cfg.certSANs, log) },
-		Logger:  log,
-		Metrics: m,
+		Holder:      holder,
+		Signer:      sgn,
+		Credentials: svc.Credentials,
+		Hosts:       func() ([]string, error) { return servingHosts(cfg.certSANs, log) },
+		Logger:      log,
+		Metrics:     m,
 	}
 	if err := si.Issue(); err != nil {
 		return nil, d, err
 	}
 	return si, d, nil
+}
+
+// servedChainOptions verifies a serving certificate as a worker does:
+// to the bundle, through the intermediates served with it.
+func servedChainOptions(c *tls.Certificate, roots *x509.CertPool) x509.VerifyOptions {
+	opts := x509.VerifyOptions{Roots: roots, Intermediates: x509.NewCertPool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	for _, der := range c.Certificate[1:] {
+		if ic, err := x509.ParseCertificate(der); err == nil {
+			opts.Intermediates.AddCert(ic)
+		}
+	}
+	return opts
 }

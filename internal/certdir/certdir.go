@@ -22,6 +22,17 @@ import (
 const (
 	// FileCACert is the issuing OS CA certificate.
 	FileCACert = "os-ca.crt"
+	// FileIssuerChain is the signing key's certificate chain in the
+	// tiered setup: its own (intermediate) certificate first, then any
+	// further intermediates, the root (os-ca.crt) excluded. Absent in the
+	// single-tier setup, where os-ca.crt is the signing key's.
+	FileIssuerChain = "issuer.crt"
+	// FileNextIssuerCSR is the request for a node's new intermediate key
+	// during an intermediate rotation.
+	FileNextIssuerCSR = "issuer.next.csr"
+	// FileNextIssuerChain is the new key's chain, signed by the root,
+	// until the rotation is finished and it becomes issuer.crt.
+	FileNextIssuerChain = "issuer.next.crt"
 	// FileCAKey is the OS CA key of the file backend (gencreds only).
 	FileCAKey = "os-ca.key"
 	// FileServerCert is trustd's TLS serving certificate.

@@ -34,7 +34,7 @@ type Options struct {
 	// Config is the worker's machine config.
 	Config *WorkerConfig
 	// Endpoint overrides host:port (default: the host of
-	// cluster.controlPlane.endpoint, port 50001).
+	// the cluster endpoint: KubeClusterConfig or cluster.controlPlane.endpoint, port 50001).
 	Endpoint string
 	// TalosctlCA is the CA whose talosctl certificates must be let in
 	// by the returned bundle; nil means machine.ca.
@@ -119,7 +119,7 @@ func Run(ctx context.Context, o Options) *Report {
 	} else {
 		h, err := o.Config.EndpointHost()
 		if err != nil {
-			r.add(Step{Name: "endpoint", Detail: err.Error(), Hint: "pass the full worker machine config (with cluster.controlPlane.endpoint) or --endpoint host:port"})
+			r.add(Step{Name: "endpoint", Detail: err.Error(), Hint: "pass the full worker machine config (with its KubeClusterConfig document or cluster.controlPlane.endpoint) or --endpoint host:port"})
 			return r
 		}
 		host = h
@@ -136,7 +136,7 @@ func Run(ctx context.Context, o Options) *Report {
 		cancel()
 		if err != nil || len(res) == 0 {
 			r.add(Step{Name: "dns", Target: host, Detail: errString(err, "no addresses"),
-				Hint: "the worker cannot resolve cluster.controlPlane.endpoint; fix DNS for " + host + " or use an IP endpoint"})
+				Hint: "the worker cannot resolve the cluster endpoint; fix DNS for " + host + " or use an IP endpoint"})
 			return r
 		}
 		if len(res) > o.MaxAddresses {

@@ -40,15 +40,9 @@ func TestParseWorkerConfig(t *testing.T) {
 		{"not YAML", "machine: [", "", false, 0, "machine config"},
 	}
 	for _, tt := range tests {
-		wc, err := ParseWorkerConfig([]byte(tt.doc))
-		if tt.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Errorf("%s: err = %v, want %q", tt.name, err, tt.wantErr)
-			}
+		wc, ok := parseCase(t, tt.name, tt.doc, tt.wantErr)
+		if !ok {
 			continue
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", tt.name, err)
 		}
 		if wc.Token != "abc.def" || !wc.CA.Equal(ca) || wc.HasCAKey != tt.caKey || len(wc.AcceptedCAs) != tt.accepted {
 			t.Errorf("%s: %+v", tt.name, wc)
@@ -58,4 +52,21 @@ func TestParseWorkerConfig(t *testing.T) {
 			t.Errorf("%s: EndpointHost = %q, %v", tt.name, host, err)
 		}
 	}
+}
+
+// parseCase parses doc; with wantErr set it checks the error names it and
+// returns false, otherwise it fails t on an error.
+func parseCase(t *testing.T, name, doc, wantErr string) (*WorkerConfig, bool) {
+	t.Helper()
+	wc, err := ParseWorkerConfig([]byte(doc))
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("%s: err = %v, want %q", name, err, wantErr)
+		}
+		return nil, false
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return wc, true
 }

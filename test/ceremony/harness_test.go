@@ -153,11 +153,13 @@ func workerCertificate(t *testing.T, addr string, wc *doctor.WorkerConfig) ([]*x
 	if err != nil {
 		t.Fatalf("returned ca: %v", err)
 	}
-	crt, err := pki.ParseCertificate(resp.GetCrt())
+	// apid loads `crt` whole with tls.X509KeyPair: the leaf and, in the
+	// tiered setup, the issuer chain after it.
+	serving, err := tls.X509KeyPair(resp.GetCrt(), pemKey(t, key))
 	if err != nil {
 		t.Fatalf("returned crt: %v", err)
 	}
-	return bundle, tls.Certificate{Certificate: [][]byte{crt.Raw}, PrivateKey: key, Leaf: crt}
+	return bundle, serving
 }
 
 // apid starts an apid-like server the way a worker runs it after asking
@@ -194,6 +196,15 @@ func readFile(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func pemKey(t *testing.T, key *ecdsa.PrivateKey) []byte {
+	t.Helper()
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
 }
 
 // writeCSR writes a PEM CSR for a fresh P-256 key.

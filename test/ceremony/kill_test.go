@@ -226,7 +226,12 @@ func checkAfterKill(t *testing.T, root string, sc killScenario, step string) {
 	}
 	for _, f := range last.Files {
 		removed := strings.HasPrefix(f, "-")
-		ok, _ := d.Exists(strings.TrimPrefix(f, "-"))
+		p := strings.TrimPrefix(f, "-")
+		if !filepath.IsAbs(p) || filepath.Dir(p) != d.Path(".") {
+			t.Errorf("killed at %s: the receipt lists %s, want an absolute path in %s", step, f, d.Path("."))
+		}
+		_, err := os.Stat(p)
+		ok := err == nil
 		if ok == removed {
 			t.Errorf("killed at %s: the receipt lists %s, but present = %v", step, f, ok)
 		}

@@ -16,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -55,7 +56,7 @@ func render(t *testing.T, dir string) []runtime.Object {
 func strictDecoder(t *testing.T) runtime.Decoder {
 	t.Helper()
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, networkingv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, networkingv1.AddToScheme, policyv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +88,7 @@ func TestStrictDecoderRefusesUnknownFields(t *testing.T) {
 }
 
 func TestRenderEveryKustomization(t *testing.T) {
-	for _, dir := range []string{"base", "overlays/file", "overlays/tpm", "overlays/pkcs11", "tpm-device-plugin"} {
+	for _, dir := range []string{"base", "overlays/file", "overlays/tpm", "overlays/pkcs11", "overlays/ha-tpm", "overlays/ha-pkcs11", "tpm-device-plugin"} {
 		t.Run(dir, func(t *testing.T) {
 			objs := render(t, dir)
 			if len(objs) == 0 {

@@ -2,8 +2,12 @@ package tpmdev
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"net"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -71,4 +75,83 @@ func TestDialErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDialBusy: a second process reaching a TPM that serves one client
+// (swtpm's own socket, a socket that drops or refuses it) fails fast with
+// the busy-TPM hint instead of hanging; through the relay both work.
+func TestDialBusy(t *testing.T) {
+	sw := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
+	ctx := context.Background()
+	first, err := Dial(ctx, tpm.Device{Kind: tpm.DeviceUnix, Addr: sw.RawSocket()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := dialSocket(ctx, "unix", sw.RawSocket(), 300*time.Millisecond)
+	if err == nil {
+		second.Close()
+		t.Fatal("a second connection to swtpm's own socket was served")
+	}
+	wantBusy(t, err, "did not answer within 300ms")
+	first.Close()
+	again, err := dialSocket(ctx, "unix", sw.RawSocket(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("after the first client left: %v", err)
+	}
+	again.Close()
+
+	dropping := listenUnix(t, func(c net.Conn) { c.Close() })
+	_, err = dialSocket(ctx, "unix", dropping, time.Second)
+	wantBusy(t, err, "closed the connection")
+
+	refusing := listenUnix(t, nil)
+	_, err = dialSocket(ctx, "unix", refusing, time.Second)
+	wantBusy(t, err, "is swtpm (or steward-tpm-relay) running")
+}
+
+func TestOpenErrorBusy(t *testing.T) {
+	// /dev/tpm0 answers a second open with EBUSY; there is no TPM device
+	// here, so the error os.OpenFile returns is given to openError.
+	err := openError(RawDevice, &fs.PathError{Op: "open", Path: RawDevice, Err: syscall.EBUSY})
+	if !errors.Is(err, syscall.EBUSY) || !strings.Contains(err.Error(), "device="+ResourceManagerDevice) {
+		t.Fatal(err)
+	}
+	wantBusy(t, err, "device or resource busy")
+	if err := openError(RawDevice, fs.ErrPermission); strings.Contains(err.Error(), "another process") {
+		t.Fatalf("permission error with the busy hint: %v", err)
+	}
+}
+
+func wantBusy(t *testing.T, err error, want string) {
+	t.Helper()
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "another process may hold the TPM connection") {
+		t.Fatalf("err = %v, want %q and the busy hint", err, want)
+	}
+}
+
+// listenUnix serves a unix socket with handle; a nil handle leaves the
+// socket file without a listener, so connecting is refused.
+func listenUnix(t *testing.T, handle func(net.Conn)) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tpm.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if handle == nil {
+		ln.SetUnlinkOnClose(false)
+		ln.Close()
+		return path
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			handle(c)
+		}
+	}()
+	return path
 }

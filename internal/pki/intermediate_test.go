@@ -1,0 +1,128 @@
+package pki
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// tier is a root and an intermediate under it, as the ceremony makes them.
+type tier struct {
+	root, inter       *x509.Certificate
+	rootKey, interKey *ecdsa.PrivateKey
+}
+
+func newTier(t *testing.T, now time.Time, o IntermediateOptions) tier {
+	t.Helper()
+	var tr tier
+	tr.rootKey, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tr.interKey, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	var err error
+	if tr.root, err = NewCACertificate(tr.rootKey, CAOptions{Cluster: "c"}, now, rand.Reader); err != nil {
+		t.Fatal(err)
+	}
+	if tr.inter, err = NewIntermediateCertificate(tr.root, tr.rootKey, tr.interKey.Public(), o, now, rand.Reader); err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+func TestIntermediateProfile(t *testing.T) {
+	now := time.Now()
+	_, cidr, _ := net.ParseCIDR("10.0.0.0/8")
+	tr := newTier(t, now, IntermediateOptions{Subject: pkix.Name{CommonName: "node-a"}, PermittedIPRanges: []*net.IPNet{cidr}})
+	c := tr.inter
+	if !c.IsCA || c.MaxPathLen != 0 || !c.MaxPathLenZero || c.KeyUsage != x509.KeyUsageCertSign|x509.KeyUsageDigitalSignature {
+		t.Errorf("CA bits: isCA %v pathlen %d/%v ku %v", c.IsCA, c.MaxPathLen, c.MaxPathLenZero, c.KeyUsage)
+	}
+	if DescribeEKU(c) != "[ServerAuth]" || len(c.SubjectKeyId) == 0 || len(c.PermittedIPRanges) != 1 || c.NotAfter.Sub(now).Round(time.Minute) != DefaultIntermediateValidity {
+		t.Errorf("eku %s ski %x ranges %v notAfter %v", DescribeEKU(c), c.SubjectKeyId, c.PermittedIPRanges, c.NotAfter)
+	}
+	if err := CheckIssuerChain([]*x509.Certificate{c}, []*x509.Certificate{tr.root}, tr.interKey.Public(), now); err != nil {
+		t.Errorf("the ceremony's own intermediate is refused: %v", err)
+	}
+	long, err := NewIntermediateCertificate(tr.root, tr.rootKey, tr.interKey.Public(), IntermediateOptions{Validity: 20 * DefaultCAValidity}, now, rand.Reader)
+	if err != nil || !long.NotAfter.Equal(tr.root.NotAfter) {
+		t.Errorf("intermediate not clamped to its root: %v %v", long.NotAfter, err)
+	}
+}
+
+// TestServerAuthIntermediateCannotMintClientCerts is the design's claim
+// (notes §1.4): a client certificate under the intermediate does not
+// verify for ClientAuth to the root; one from the root does.
+func TestServerAuthIntermediateCannotMintClientCerts(t *testing.T) {
+	now := time.Now()
+	tr := newTier(t, now, IntermediateOptions{})
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	rogue, err := NewClientCertificate(tr.inter, tr.interKey, k.Public(), "", []string{"os:admin"}, 0, now, rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	legit, err := NewClientCertificate(tr.root, tr.rootKey, k.Public(), "", []string{"os:admin"}, 0, now, rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := x509.VerifyOptions{Roots: x509.NewCertPool(), Intermediates: x509.NewCertPool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	opts.Roots.AddCert(tr.root)
+	opts.Intermediates.AddCert(tr.inter)
+	if _, err := rogue.Verify(opts); err == nil {
+		t.Error("a client certificate issued by the ServerAuth-only intermediate verified")
+	}
+	if _, err := legit.Verify(opts); err != nil {
+		t.Errorf("the root's client certificate: %v", err)
+	}
+}
+
+func TestCheckIssuerChain(t *testing.T) {
+	now := time.Now()
+	tr := newTier(t, now, IntermediateOptions{})
+	other := newTier(t, now, IntermediateOptions{})
+	bad := func(mutate func(*x509.Certificate)) *x509.Certificate {
+		tmpl := &x509.Certificate{Subject: pkix.Name{CommonName: "bad"}, IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
+			KeyUsage: x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+		mutate(tmpl)
+		c, err := issue(issuance{tmpl: tmpl, ca: tr.root, pub: tr.interKey.Public(), key: tr.rootKey, lifetime: time.Hour, now: now, rand: rand.Reader})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	tests := []struct {
+		name    string
+		chain   []*x509.Certificate
+		wantErr string
+	}{
+		{"good", []*x509.Certificate{tr.inter}, ""},
+		{"empty", nil, "no certificate"},
+		{"no EKU", []*x509.Certificate{bad(func(c *x509.Certificate) { c.ExtKeyUsage = nil })}, "has no ExtKeyUsage"},
+		{"ClientAuth", []*x509.Certificate{bad(func(c *x509.Certificate) {
+			c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+		})}, "allows ClientAuth"},
+		{"anyEKU", []*x509.Certificate{bad(func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageAny} })}, "anyExtendedKeyUsage"},
+		{"CodeSigning", []*x509.Certificate{bad(func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageCodeSigning} })}, "want exactly [ServerAuth]"},
+		{"pathlen 1", []*x509.Certificate{bad(func(c *x509.Certificate) { c.MaxPathLen, c.MaxPathLenZero = 1, false })}, "path length 0"},
+		{"no pathlen", []*x509.Certificate{bad(func(c *x509.Certificate) { c.MaxPathLen, c.MaxPathLenZero = -1, false })}, "path length 0"},
+		{"not a CA", []*x509.Certificate{bad(func(c *x509.Certificate) { c.IsCA, c.MaxPathLenZero = false, false })}, "not a CA"},
+		{"root included", []*x509.Certificate{tr.inter, tr.root}, "is a root"},
+		{"another root's", []*x509.Certificate{other.inter}, "not the signer key's"},
+	}
+	for _, tt := range tests {
+		pub := tr.interKey.Public()
+		err := CheckIssuerChain(tt.chain, []*x509.Certificate{tr.root}, pub, now)
+		if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Errorf("%s: err = %v, want %q", tt.name, err, tt.wantErr)
+		}
+	}
+	if err := CheckIssuerChain([]*x509.Certificate{other.inter}, []*x509.Certificate{tr.root}, other.interKey.Public(), now); err == nil || !strings.Contains(err.Error(), "does not verify") {
+		t.Errorf("an intermediate of another root: %v", err)
+	}
+	if err := CheckIssuerChain([]*x509.Certificate{tr.inter}, []*x509.Certificate{tr.root}, tr.interKey.Public(), tr.inter.NotAfter.Add(time.Hour)); err == nil {
+		t.Error("an expired intermediate passed")
+	}
+}

@@ -1,0 +1,168 @@
+package keystore
+
+// The tiered setup: each trustd replica signs with its own intermediate,
+// whose key is created on that node's device (IntermediateRequest) and
+// certified by the offline root (IntermediateSign). See
+// internal/pki.NewIntermediateCertificate for the profile.
+
+import (
+	"context"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/steward-trustd/steward-trustd/internal/pki"
+	"github.com/steward-trustd/steward-trustd/signer"
+)
+
+// Receipt operations of the tiered setup.
+const (
+	opIntermediateKey     = "intermediate.key"
+	opIntermediateRequest = "intermediate.request"
+	opIntermediateSign    = "intermediate.sign"
+)
+
+// IntermediateRequestOptions configures IntermediateRequest.
+type IntermediateRequestOptions struct {
+	// SignerURI is where the node's intermediate key is (or is created).
+	SignerURI string
+	// Algorithm of a new key; empty means ECDSA P-256.
+	Algorithm signer.Algorithm
+	// Name is the request's CommonName, e.g. the node name.
+	Name string
+	// ReuseKey makes a request for a key that already exists at SignerURI
+	// and that no receipt of this directory vouches for (for example
+	// after the ceremony directory was lost). Without it such a key is
+	// refused: a key of unknown origin is not certified.
+	ReuseKey bool
+	// Out receives the PEM certificate request (replaced if present: a
+	// request holds nothing secret and can be made again from the key).
+	Out Target
+}
+
+// IntermediateRequest creates the node's intermediate key on its device
+// (resuming an interrupted run through the intent record, as init does)
+// and writes a certificate request signed by that key, for the root's
+// holder to sign with IntermediateSign. d is the node's ceremony
+// directory (receipts and intent records).
+func (c *Ceremony) IntermediateRequest(ctx context.Context, d Dir, o IntermediateRequestOptions) (*Outcome, error) {
+	if strings.TrimSpace(o.Name) == "" {
+		return nil, errors.New("intermediate request: a name is required (the node name)")
+	}
+	if o.Algorithm == "" {
+		o.Algorithm = signer.ECDSAP256
+	}
+	key, resumed, err := c.intermediateKey(ctx, d, o)
+	if err != nil {
+		return nil, fmt.Errorf("intermediate request: %w", err)
+	}
+	defer key.Close()
+	der, err := x509.CreateCertificateRequest(c.Rand, &x509.CertificateRequest{Subject: pkix.Name{CommonName: o.Name}}, key)
+	if err != nil {
+		return nil, fmt.Errorf("intermediate request: sign the request on the device: %w", err)
+	}
+	out, err := c.commitIssue(d, planIntermediateRequest(key.Describe(), pki.EncodeCSR(der), o))
+	if err != nil {
+		return nil, fmt.Errorf("intermediate request: %w", err)
+	}
+	out.Resumed = resumed
+	out.Notes = []string{"take the request to the root's host and run `steward-trustd-ceremony intermediate sign --csr " + o.Out.Dir.Path(o.Out.Name) + " ...`"}
+	return out, nil
+}
+
+// intermediateKey returns the node's key: created (or resumed) under the
+// directory's lock, or, with ReuseKey, an existing one.
+func (c *Ceremony) intermediateKey(ctx context.Context, d Dir, o IntermediateRequestOptions) (signer.Signer, []string, error) {
+	st, unlock, err := c.begin(d)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer unlock()
+	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opIntermediateKey, uri: o.SignerURI, alg: o.Algorithm})
+	var foreign *ForeignKeyError
+	switch {
+	case errors.As(err, &foreign) && o.ReuseKey:
+		key, err = c.Keys.Open(ctx, o.SignerURI)
+		resumed = []string{fmt.Sprintf("key %s (%s) existed and is reused as asked", foreign.Fingerprint, foreign.Location)}
+	case errors.As(err, &foreign):
+		err = fmt.Errorf("%w; if this is the node's intermediate key, re-run with --reuse-key", err)
+	}
+	return key, append(st.cleaned, resumed...), err
+}
+
+// planIntermediateRequest is the request's output and receipt content.
+func planIntermediateRequest(key signer.Description, csrPEM []byte, o IntermediateRequestOptions) issuance {
+	return issuance{
+		op: opIntermediateRequest, key: key, details: map[string]string{"name": o.Name},
+		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: csrPEM, Mode: 0o644}, Overwrite: true}},
+	}
+}
+
+// IntermediateSignOptions configures IntermediateSign.
+type IntermediateSignOptions struct {
+	// SignerURI and CA are the root.
+	SignerURI string
+	CA        *x509.Certificate
+	// CSR is the node's PEM request (its signature is verified).
+	CSR []byte
+	// Validity; zero means pki.DefaultIntermediateValidity. Never beyond
+	// the root's.
+	Validity time.Duration
+	// PermittedIPRanges become IP name constraints (the worker ranges).
+	PermittedIPRanges []*net.IPNet
+	// Out receives issuer.crt: the intermediate alone (the root is
+	// os-ca.crt and stays out of the chain).
+	Out Target
+	// Force allows replacing Out.
+	Force bool
+}
+
+// IntermediateSign certifies a node's intermediate key with the root:
+// pki.NewIntermediateCertificate's profile, subject = the request's
+// CommonName. The result is checked as the daemon checks issuer.crt
+// before it is written.
+func (c *Ceremony) IntermediateSign(ctx context.Context, receipts Dir, o IntermediateSignOptions) (*x509.Certificate, *Outcome, error) {
+	if err := c.check(); err != nil {
+		return nil, nil, err
+	}
+	csr, err := pki.ParseCSR(o.CSR, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
+	}
+	s, err := c.OpenCA(ctx, o.SignerURI, o.CA)
+	if err != nil {
+		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
+	}
+	defer s.Close()
+	profile := pki.IntermediateOptions{Subject: pkix.Name{CommonName: csr.Subject.CommonName}, Validity: o.Validity, PermittedIPRanges: o.PermittedIPRanges}
+	cert, err := pki.NewIntermediateCertificate(o.CA, s, csr.PublicKey, profile, c.now(), c.Rand)
+	if err == nil {
+		err = pki.CheckIssuerChain([]*x509.Certificate{cert}, []*x509.Certificate{o.CA}, csr.PublicKey, c.now())
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
+	}
+	out, err := c.commitIssue(receipts, planIntermediateSign(s.Describe(), cert, o))
+	if err != nil {
+		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
+	}
+	out.Notes = []string{"put " + o.Out.Dir.Path(o.Out.Name) + " into the node's cert dir as issuer.crt (or $TRUSTD_ISSUER_CRT); the daemon reloads it"}
+	return cert, out, nil
+}
+
+// planIntermediateSign is the signing's output and receipt content.
+func planIntermediateSign(root signer.Description, cert *x509.Certificate, o IntermediateSignOptions) issuance {
+	var ranges []string
+	for _, n := range o.PermittedIPRanges {
+		ranges = append(ranges, n.String())
+	}
+	return issuance{
+		op: opIntermediateSign, key: root, cert: cert,
+		details: map[string]string{"caFingerprint": pki.CertFingerprint(o.CA), "permittedIPRanges": strings.Join(ranges, ","), "eku": pki.DescribeEKU(cert)},
+		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
+	}
+}

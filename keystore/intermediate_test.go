@@ -1,0 +1,80 @@
+package keystore_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
+	"github.com/steward-trustd/steward-trustd/keystore"
+)
+
+// TestIntermediate: a node's key and request, the root's signature, the
+// checks the daemon applies, and the refusal of a key of unknown origin.
+func TestIntermediate(t *testing.T) {
+	c := newCeremony(t)
+	ctx := context.Background()
+	root := t.TempDir()
+	rootURI, rd := initCA(t, c, root)
+	node := keystore.OSDir{Root: filepath.Join(root, "node")}
+	if err := os.MkdirAll(node.Root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	nodeURI := "file:" + filepath.Join(root, "node", "intermediate.key")
+	req := keystore.IntermediateRequestOptions{SignerURI: nodeURI, Name: "node-a", Out: keystore.Target{Dir: node, Name: "node.csr"}}
+	if _, err := c.IntermediateRequest(ctx, node, req); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.IntermediateRequest(ctx, node, req)
+	if err != nil || len(out.Resumed) == 0 {
+		t.Fatalf("a re-run did not find its own key: %v %+v", err, out)
+	}
+	_, ranges, _ := net.ParseCIDR("10.0.0.0/8")
+	sign := keystore.IntermediateSignOptions{SignerURI: rootURI, CA: mustCA(t, rd, certdir.FileCACert), CSR: readFile(t, filepath.Join(node.Root, "node.csr")),
+		PermittedIPRanges: []*net.IPNet{ranges}, Out: keystore.Target{Dir: node, Name: certdir.FileIssuerChain}}
+	cert, _, err := c.IntermediateSign(ctx, rd, sign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cert.Subject.CommonName != "node-a" || pki.DescribeEKU(cert) != "[ServerAuth]" || !cert.MaxPathLenZero || len(cert.PermittedIPRanges) != 1 {
+		t.Errorf("intermediate %s eku %s ranges %v", cert.Subject, pki.DescribeEKU(cert), cert.PermittedIPRanges)
+	}
+	if _, _, err := c.IntermediateSign(ctx, rd, sign); err == nil {
+		t.Error("issuer.crt replaced without Force")
+	}
+	st, err := c.Status(ctx, nodeURI, sign.CA, node, cert)
+	if err != nil || !st.KeyMatches() || st.ChainError != "" || st.Chain[0].EKU != "[ServerAuth]" {
+		t.Errorf("status: %+v %v", st, err)
+	}
+	ops := strings.Join(receiptOps(t, node), ",")
+	if !strings.Contains(ops, "intermediate.key") || !strings.Contains(ops, "intermediate.request") {
+		t.Errorf("node receipts %s", ops)
+	}
+	if !strings.Contains(strings.Join(receiptOps(t, rd), ","), "intermediate.sign") {
+		t.Error("no intermediate.sign receipt in the root's directory")
+	}
+	checkForeignKey(t, c, rootURI, node)
+}
+
+// checkForeignKey: a key nobody recorded is refused unless reused on
+// purpose.
+func checkForeignKey(t *testing.T, c *keystore.Ceremony, foreignURI string, node keystore.OSDir) {
+	t.Helper()
+	req := keystore.IntermediateRequestOptions{SignerURI: foreignURI, Name: "x", Out: keystore.Target{Dir: node, Name: "x.csr"}}
+	if _, err := c.IntermediateRequest(context.Background(), node, req); !errors.Is(err, keystore.ErrForeignKey) || !strings.Contains(err.Error(), "--reuse-key") {
+		t.Errorf("foreign key: %v", err)
+	}
+	req.ReuseKey = true
+	if _, err := c.IntermediateRequest(context.Background(), node, req); err != nil {
+		t.Errorf("--reuse-key: %v", err)
+	}
+	csr, err := pki.ParseCSR(readFile(t, filepath.Join(node.Root, "x.csr")), 0)
+	if err != nil || csr.Subject.CommonName != "x" {
+		t.Errorf("reused key's request: %v", err)
+	}
+}
