@@ -126,16 +126,33 @@ type IntermediateSignOptions struct {
 // CommonName. The result is checked as the daemon checks issuer.crt
 // before it is written.
 func (c *Ceremony) IntermediateSign(ctx context.Context, receipts Dir, o IntermediateSignOptions) (*x509.Certificate, *Outcome, error) {
-	if err := c.check(); err != nil {
+	cert, root, err := c.signIntermediate(ctx, o)
+	if err != nil {
 		return nil, nil, err
+	}
+	is := planIntermediateSign(root, cert, o)
+	is.details["attestation"] = "not attested: no evidence that the key is in a TPM (intermediate sign --ek-roots verifies an attested request)"
+	out, err := c.commitIssue(receipts, is)
+	if err != nil {
+		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
+	}
+	out.Notes = []string{"put " + o.Out.Dir.Path(o.Out.Name) + " into the node's cert dir as issuer.crt (or $TRUSTD_ISSUER_CRT); the daemon reloads it"}
+	return cert, out, nil
+}
+
+// signIntermediate has the root certify o.CSR's key and checks the
+// result as the daemon checks issuer.crt; nothing is written.
+func (c *Ceremony) signIntermediate(ctx context.Context, o IntermediateSignOptions) (*x509.Certificate, signer.Description, error) {
+	if err := c.check(); err != nil {
+		return nil, signer.Description{}, err
 	}
 	csr, err := pki.ParseCSR(o.CSR, 0)
 	if err != nil {
-		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
+		return nil, signer.Description{}, fmt.Errorf("intermediate sign: %w", err)
 	}
 	s, err := c.OpenCA(ctx, o.SignerURI, o.CA)
 	if err != nil {
-		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
+		return nil, signer.Description{}, fmt.Errorf("intermediate sign: %w", err)
 	}
 	defer s.Close()
 	profile := pki.IntermediateOptions{Subject: pkix.Name{CommonName: csr.Subject.CommonName}, Validity: o.Validity, PermittedIPRanges: o.PermittedIPRanges}
@@ -144,14 +161,9 @@ func (c *Ceremony) IntermediateSign(ctx context.Context, receipts Dir, o Interme
 		err = pki.CheckIssuerChain([]*x509.Certificate{cert}, []*x509.Certificate{o.CA}, csr.PublicKey, c.now())
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
+		return nil, signer.Description{}, fmt.Errorf("intermediate sign: %w", err)
 	}
-	out, err := c.commitIssue(receipts, planIntermediateSign(s.Describe(), cert, o))
-	if err != nil {
-		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
-	}
-	out.Notes = []string{"put " + o.Out.Dir.Path(o.Out.Name) + " into the node's cert dir as issuer.crt (or $TRUSTD_ISSUER_CRT); the daemon reloads it"}
-	return cert, out, nil
+	return cert, s.Describe(), nil
 }
 
 // planIntermediateSign is the signing's output and receipt content.

@@ -15,6 +15,7 @@ import (
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
 )
 
 func intermediateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -29,20 +30,23 @@ each trustd node its own intermediate, whose key never leaves the node's TPM or 
 The intermediate has EKU exactly [ServerAuth] and path length 0: a compromised node can sign
 apid serving certificates (limit them with --permitted-ip-ranges), never talosctl credentials.`,
 	}
-	c.AddCommand(intermediateRequestCmd(env, stdout, stderr), intermediateSignCmd(env, stdout, stderr))
+	c.AddCommand(intermediateRequestCmd(env, stdout, stderr), intermediateSignCmd(env, stdout, stderr), intermediateInstallCmd(env, stdout, stderr))
 	return c
 }
 
 func intermediateRequestCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var o keystore.IntermediateRequestOptions
 	var k keyFlags
-	var out, dir string
+	var out, dir, attestOut string
 	c := &cobra.Command{
-		Use:   "request --signer URI --name NAME --out FILE",
+		Use:   "request --signer URI --name NAME --out FILE [--attest node.attested.json]",
 		Short: "Create the node's intermediate key on its device and write a certificate request signed by it",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cli.Required(map[string]string{"signer": o.SignerURI, "name": o.Name, "out": out}); err != nil {
 				return err
+			}
+			if attestOut != "" && !tpm.IsKeyURI(o.SignerURI) {
+				return cli.Usagef("--attest applies to tpm: keys only (a TPM proves where its key is; an HSM's attestation is the vendor's)")
 			}
 			var err error
 			if o.SignerURI, o.Algorithm, err = k.key(o.SignerURI); err != nil {
@@ -58,13 +62,17 @@ func intermediateRequestCmd(env *environment, stdout, stderr io.Writer) *cobra.C
 			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, k.authorities, dir); err != nil {
 				return err
 			}
-			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
+			err = env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 				d, err := receiptsDir(dir, o.Out.Dir.Path(o.Out.Name))
 				if err != nil {
 					return nil, err
 				}
 				return cer.IntermediateRequest(cmd.Context(), d, o)
 			})
+			if err != nil || attestOut == "" {
+				return err
+			}
+			return env.attestRequest(cmd.Context(), stdout, stderr, o, attestOut, dir)
 		},
 	}
 	f := c.Flags()
@@ -72,6 +80,7 @@ func intermediateRequestCmd(env *environment, stdout, stderr io.Writer) *cobra.C
 	f.StringVar(&o.Name, "name", "", "the intermediate's common name, e.g. the node name")
 	f.StringVar(&out, "out", "", "certificate request output file (PEM)")
 	f.StringVar(&dir, "dir", "", "ceremony directory of this node, for receipts and interrupted-run records (default: the directory of --out)")
+	f.StringVar(&attestOut, "attest", "", "TPM only: also write this attested request (CSR + EK certificate + attestation key + TPM2_CertifyCreation of the key over the CSR's hash) for intermediate sign --ek-roots")
 	f.BoolVar(&o.ReuseKey, "reuse-key", false, "make the request for a key that already exists at --signer but was not created by this directory's ceremony")
 	k.register(c, "key algorithm: p256, p384, rsa3072 or ed25519 (not on a TPM)",
 		"TPM only: bind the key to these sha256 PCRs, e.g. 7,11 (adds pcrs= to the tpm: URI)")
@@ -83,11 +92,15 @@ func intermediateSignCmd(env *environment, stdout, stderr io.Writer) *cobra.Comm
 	var o keystore.IntermediateSignOptions
 	var csrPath string
 	var ranges []string
+	var e expectFlags
 	c := &cobra.Command{
-		Use:   "sign --signer ROOT_URI --ca os-ca.crt --csr FILE --out issuer.crt [--hours N] [--permitted-ip-ranges CIDRS]",
+		Use:   "sign --signer ROOT_URI --ca os-ca.crt --csr FILE --out issuer.crt [--hours N] [--permitted-ip-ranges CIDRS] [--ek-roots FILE]",
 		Short: "Certify a node's intermediate with the root: CA, path length 0, EKU exactly [ServerAuth]",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.required(map[string]string{"csr": csrPath}); err != nil {
+				return err
+			}
+			if err := e.checkEnrol(); err != nil {
 				return err
 			}
 			var err error
@@ -98,10 +111,13 @@ func intermediateSignCmd(env *environment, stdout, stderr io.Writer) *cobra.Comm
 			if o.CA, err = readCA(f.ca); err != nil {
 				return err
 			}
-			if o.CSR, _, err = readCSR(csrPath); err != nil {
+			if o.Out, err = outTarget(f.out); err != nil {
 				return err
 			}
-			if o.Out, err = outTarget(f.out); err != nil {
+			if e.ekRoots != "" {
+				return e.signAttested(cmd, env, stdout, stderr, &f, o, csrPath)
+			}
+			if o.CSR, _, err = readCSR(csrPath); err != nil {
 				return err
 			}
 			return f.run(cmd, env, stdout, stderr, func(ctx context.Context, cer *keystore.Ceremony, rd keystore.Dir) (*keystore.Outcome, error) {
@@ -111,7 +127,8 @@ func intermediateSignCmd(env *environment, stdout, stderr io.Writer) *cobra.Comm
 		},
 	}
 	f.register(c, "the root's certificate (os-ca.crt)", "issuer.crt output file (the intermediate; the root stays out)", "replace --out")
-	c.Flags().StringVar(&csrPath, "csr", "", "the node's certificate request (intermediate request --out)")
+	c.Flags().StringVar(&csrPath, "csr", "", "the node's certificate request (intermediate request --out), or with --ek-roots its attested request (--attest)")
+	e.register(c)
 	cli.ListVar(c.Flags(), &ranges, "permitted-ip-ranges", nil, "CIDRs every worker IP SAN must fall in (IP name constraints; cover node addresses, machine.certSANs, 127.0.0.1, KubeSpan)")
 	return c
 }
