@@ -23,7 +23,10 @@ type Receipt struct {
 	// Operation is "init", "init.key", "import", "sign-csr", "talosconfig",
 	// "server-cert", "rotate", "rotate.key", "rotate.finish", or in the
 	// tiered setup "intermediate.key", "intermediate.request",
-	// "intermediate.sign" or "intermediate.rotate.finish".
+	// "intermediate.sign" or "intermediate.rotate.finish", and for key
+	// attestation "intermediate.attest", "intermediate.enrol",
+	// "intermediate.install", "attest", "attest.respond",
+	// "verify-attestation" or "verify-attestation.activation".
 	Operation string `json:"operation"`
 	// ToolVersion is the ceremony binary's version.
 	ToolVersion string `json:"toolVersion"`
