@@ -102,12 +102,23 @@ func statusCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	return c
 }
 
-// reportStatus prints st; a key that does not match the CA fails.
+// reportStatus prints st and then fails (exit 1) if the key cannot sign
+// as deployed: the daemon would refuse the issuer chain, the key is not
+// its certificate's, or the TPM policy is not satisfied now — so that a
+// script or a health check can rely on the exit status in both formats.
 func reportStatus(w io.Writer, output string, st *keystore.Status) error {
 	if output == "json" {
-		return writeJSON(w, st)
+		if err := writeJSON(w, st); err != nil {
+			return err
+		}
+	} else {
+		printStatus(w, st)
 	}
-	printStatus(w, st)
+	return statusProblem(st)
+}
+
+// statusProblem is the first reason st's key cannot sign as deployed.
+func statusProblem(st *keystore.Status) error {
 	switch {
 	case st.ChainError != "":
 		return errors.New("the daemon would refuse the issuer chain: " + st.ChainError)
@@ -115,6 +126,8 @@ func reportStatus(w io.Writer, output string, st *keystore.Status) error {
 		return errors.New("the key does not match the issuer chain's first certificate")
 	case len(st.Chain) == 0 && st.CA != nil && !st.KeyMatches():
 		return errors.New("the key does not match the CA certificate")
+	case st.PolicyChecked && !st.PolicySatisfied:
+		return errors.New("the key's TPM policy is not satisfied now, so it cannot sign: " + st.PolicyError)
 	}
 	return nil
 }

@@ -27,6 +27,7 @@ import (
 	"strings"
 
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
+	"github.com/steward-trustd/steward-trustd/internal/secretmount"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -119,13 +120,13 @@ func (b *Backend) Open(_ context.Context, uri string) (signer.Signer, error) {
 
 // checkMode refuses a key file that group or others may read, except a
 // Kubernetes Secret mount readable by this process's fsGroup
-// (secretmount.go).
+// (internal/secretmount).
 func (b *Backend) checkMode(path string, f *os.File, st fs.FileInfo) error {
 	perm := st.Mode().Perm()
 	if perm&0o077 == 0 {
 		return nil
 	}
-	if err := checkSecretMount(path, f, st); err != nil {
+	if err := secretmount.Check(path, f, st); err != nil {
 		return fmt.Errorf("open key %s: mode %04o lets group or others read the CA key; run chmod 600 %s (%w)", path, perm, path, err)
 	}
 	if b.Logger != nil {

@@ -24,8 +24,8 @@ func secretVolume(t *testing.T, dir, name string, key []byte, mode os.FileMode, 
 	must(t, os.WriteFile(real, key, 0o600))
 	must(t, os.Chown(real, -1, gid))
 	must(t, os.Chmod(real, mode))
-	must(t, os.Symlink(ts, filepath.Join(dir, atomicWriterData)))
-	must(t, os.Symlink(atomicWriterData+"/"+name, filepath.Join(dir, name)))
+	must(t, os.Symlink(ts, filepath.Join(dir, "..data")))
+	must(t, os.Symlink("..data"+"/"+name, filepath.Join(dir, name)))
 	return filepath.Join(dir, name)
 }
 
@@ -71,7 +71,7 @@ func TestSecretMountMode(t *testing.T) {
 	otherLink := func(dir string, mode os.FileMode, gid int) string {
 		p := layout(dir, mode, gid)
 		must(t, os.Remove(p))
-		must(t, os.Symlink(filepath.Join(dir, atomicWriterData, "os-ca.key"), p))
+		must(t, os.Symlink(filepath.Join(dir, "..data", "os-ca.key"), p))
 		return p
 	}
 	tests := []struct {
@@ -129,6 +129,9 @@ func TestSecretMountMode(t *testing.T) {
 		})
 	}
 }
+
+// tmpfsMagic is TMPFS_MAGIC from linux/magic.h (statfs(2)).
+const tmpfsMagic = 0x01021994
 
 func onTmpfs(dir string) bool {
 	var sfs syscall.Statfs_t

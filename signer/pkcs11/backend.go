@@ -17,6 +17,7 @@ import (
 
 	p11 "github.com/miekg/pkcs11"
 
+	"github.com/steward-trustd/steward-trustd/internal/secretmount"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -53,6 +54,20 @@ func (b *Backend) logger() *slog.Logger {
 	return b.Logger
 }
 
+// checkPINMode warns about a PIN file that group or others may read,
+// except a Kubernetes Secret mount readable by the pod's fsGroup, whose
+// mode the user cannot change (internal/secretmount).
+func (b *Backend) checkPINMode(path string, f *os.File) {
+	st, err := f.Stat()
+	if err != nil || st.Mode().Perm()&0o077 == 0 {
+		return
+	}
+	if err := secretmount.Check(path, f, st); err != nil {
+		b.logger().Warn("pkcs11 pin-source file is readable by group or others; chmod 600 it",
+			"path", path, "mode", fmt.Sprintf("%04o", st.Mode().Perm()), "why_not_a_secret_mount", err.Error())
+	}
+}
+
 // readPIN returns the user PIN the URI gives. An unreadable or empty
 // pin-source is ErrAuthentication, and no login is attempted: a login with
 // a wrong (empty) PIN counts towards the token's lockout.
@@ -65,10 +80,7 @@ func (b *Backend) readPIN(u *URI) (string, error) {
 		return "", fmt.Errorf("pkcs11: read pin-source %s: %w: %w", u.PINSource, signer.ErrAuthentication, err)
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err == nil && st.Mode().Perm()&0o077 != 0 {
-		b.logger().Warn("pkcs11 pin-source file is readable by group or others; chmod 600 it",
-			"path", u.PINSource, "mode", fmt.Sprintf("%04o", st.Mode().Perm()))
-	}
+	b.checkPINMode(u.PINSource, f)
 	data, err := io.ReadAll(io.LimitReader(f, maxPINFileBytes+1))
 	if err != nil {
 		return "", fmt.Errorf("pkcs11: read pin-source %s: %w: %w", u.PINSource, signer.ErrAuthentication, err)

@@ -285,6 +285,12 @@ func (s *Signer) setPolicyStateLocked(ok bool, err error) {
 // the TPM response code (if any) in the chain.
 func (s *Signer) policyErr(rc error) error {
 	msg := fmt.Sprintf("tpm: PCR policy not satisfied: the %s PCR values differ from those the key is bound to", s.pcrDesc)
+	if s.uri.Handle != 0 && !s.uri.PCRsSet {
+		// A persistent key records no PCR selection (a blob does), so a
+		// URI without pcrs= assumed the default, which may not be the
+		// selection the key was made with.
+		msg = fmt.Sprintf("tpm: PCR policy not satisfied for the persistent key at 0x%08x: this handle= URI names no pcrs=, so %s was assumed, and a persistent key does not record the PCRs it is bound to; add pcrs= with the PCRs the key was created with (e.g. pcrs=7,11) — if they are right, the PCR values changed since the key was created", uint32(s.uri.Handle), s.pcrDesc)
+	}
 	if len(s.km.authorities) > 0 {
 		msg = "tpm: signed PCR policy not satisfied: the PCRs changed during the signature; the next one looks for an approval of the new state"
 	}

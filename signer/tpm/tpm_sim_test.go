@@ -224,6 +224,41 @@ func TestPersistentHandle(t *testing.T) {
 	if _, err := b.Open(ctx, "tpm:handle=0x81000101;socket=/x"); !errors.Is(err, signer.ErrKeyNotFound) {
 		t.Fatalf("Open(empty handle) = %v, want ErrKeyNotFound", err)
 	}
+	checkHandleWithoutPCRs(t, b, sim)
+}
+
+// checkHandleWithoutPCRs: a persistent key bound to PCRs 7 and 11, opened
+// by a handle= URI without pcrs=, fails with a message that says the URI
+// lacks pcrs=, not merely that the PCR values differ.
+func checkHandleWithoutPCRs(t *testing.T, b *tpm.Backend, sim *tpmsim.Simulator) {
+	t.Helper()
+	const h = 0x81000102
+	s, err := b.Generate(ctx, "tpm:handle=0x81000102;socket=/x;pcrs=7,11", signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := mustName(t, s)
+	s.Close()
+	defer func() {
+		_, err := tpm2.EvictControl{
+			Auth:             tpm2.AuthHandle{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)},
+			ObjectHandle:     tpm2.NamedHandle{Handle: h, Name: name},
+			PersistentHandle: h,
+		}.Execute(sim.TPM())
+		if err != nil {
+			t.Errorf("evict: %v", err)
+		}
+	}()
+	o, err := b.Open(ctx, "tpm:handle=0x81000102;socket=/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	d := sha256.Sum256([]byte("y"))
+	_, err = o.Sign(nil, d[:], crypto.SHA256)
+	if !errors.Is(err, signer.ErrPolicyNotSatisfied) || !strings.Contains(err.Error(), "names no pcrs=") {
+		t.Fatalf("Sign through a handle= URI without pcrs= = %v, want a policy error naming the missing pcrs=", err)
+	}
 }
 
 func mustName(t *testing.T, s signer.Signer) tpm2.TPM2BName {

@@ -2,6 +2,7 @@ package ceremony_test
 
 import (
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -33,13 +34,16 @@ func TestTPMPolicyStatus(t *testing.T) {
 	}
 
 	sw.ExtendPCR(t, 11, []byte("a different boot"))
-	st = status(t, nil, uri, caCrt)
+	r := ceremony(t, nil, "status", "--signer", uri, "--ca", caCrt, "--output", "json")
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != 1 {
+		t.Fatalf("json status with the policy failing: want the report and exit 1: %v\n%s", err, r)
+	}
 	if !st.PolicyChecked || st.PolicySatisfied {
 		t.Errorf("after extending PCR 11, status says satisfied=%v", st.PolicySatisfied)
 	}
-	r := ceremony(t, nil, "status", "--signer", uri, "--ca", caCrt)
-	if r.code != 0 || !strings.Contains(r.stdout, "NOT satisfied") {
-		t.Errorf("text status:\n%s", r)
+	r = ceremony(t, nil, "status", "--signer", uri, "--ca", caCrt)
+	if r.code != 1 || !strings.Contains(r.stdout, "NOT satisfied") || !strings.Contains(r.stderr, "policy is not satisfied") {
+		t.Errorf("text status with the policy failing: want the report and exit 1:\n%s", r)
 	}
 	csr := filepath.Join(root, "u.csr")
 	writeCSR(t, csr, "carol")

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package file
+package secretmount
 
 import (
 	"fmt"
@@ -12,5 +12,5 @@ func fileOwner(fs.FileInfo) (uid, gid int, ok bool) { return 0, 0, false }
 
 // checkTmpfs: Secret volumes as kubelet mounts them exist on Linux only.
 func checkTmpfs(*os.File) error {
-	return fmt.Errorf("%w: only on Linux", errNotSecretMount)
+	return fmt.Errorf("%w: only on Linux", ErrNotSecretMount)
 }

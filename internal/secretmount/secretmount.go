@@ -1,4 +1,8 @@
-package file
+// Package secretmount recognises a file that a Kubernetes Secret volume
+// made group-readable for the pod's fsGroup, so that the file signer (CA
+// key) and the PKCS#11 backend (PIN file) can accept it, and nothing else
+// that group or others may read.
+package secretmount
 
 import (
 	"errors"
@@ -28,7 +32,7 @@ import (
 //
 // That grants no principal access it would not have anyway: in a pod the
 // group's members are the pod's own containers, which can mount the
-// Secret themselves. On a host, a key shared with a
+// Secret themselves. On a host, a file shared with a
 // group still needs `chmod 600` — the layout is not what `install`,
 // `cp` or a ceremony write.
 const (
@@ -36,14 +40,15 @@ const (
 	secretGroupPerm  = 0o040
 )
 
-// errNotSecretMount says why a group-readable key is not accepted.
-var errNotSecretMount = errors.New("not a Kubernetes Secret mount readable by this process's fsGroup")
+// ErrNotSecretMount says why a group-readable file is not accepted.
+var ErrNotSecretMount = errors.New("not a Kubernetes Secret mount readable by this process's fsGroup")
 
-// checkSecretMount returns nil when the group-readable key file f, opened
-// from path with metadata st, is accepted under the rule above.
-func checkSecretMount(path string, f *os.File, st fs.FileInfo) error {
+// Check returns nil when the group-readable file f, opened from path with
+// metadata st, is accepted under the rule above; otherwise an error
+// wrapping ErrNotSecretMount that says which condition failed.
+func Check(path string, f *os.File, st fs.FileInfo) error {
 	if perm := st.Mode().Perm(); perm&0o077 != secretGroupPerm {
-		return fmt.Errorf("%w: mode %04o is not owner + group read only", errNotSecretMount, perm)
+		return fmt.Errorf("%w: mode %04o is not owner + group read only", ErrNotSecretMount, perm)
 	}
 	if err := checkOwnGroup(st); err != nil {
 		return err
@@ -58,13 +63,13 @@ func checkSecretMount(path string, f *os.File, st fs.FileInfo) error {
 func checkOwnGroup(st fs.FileInfo) error {
 	uid, gid, ok := fileOwner(st)
 	if !ok {
-		return fmt.Errorf("%w: file owner unknown", errNotSecretMount)
+		return fmt.Errorf("%w: file owner unknown", ErrNotSecretMount)
 	}
 	if uid != 0 && uid != os.Geteuid() {
-		return fmt.Errorf("%w: owner uid %d is neither root nor this process", errNotSecretMount, uid)
+		return fmt.Errorf("%w: owner uid %d is neither root nor this process", ErrNotSecretMount, uid)
 	}
 	if gid != os.Getegid() {
-		return fmt.Errorf("%w: group %d is not this process's group %d (set the pod's fsGroup equal to its runAsGroup)", errNotSecretMount, gid, os.Getegid())
+		return fmt.Errorf("%w: group %d is not this process's group %d (set the pod's fsGroup equal to its runAsGroup)", ErrNotSecretMount, gid, os.Getegid())
 	}
 	return nil
 }
@@ -74,15 +79,15 @@ func checkOwnGroup(st fs.FileInfo) error {
 func checkAtomicWriterLayout(path string, st fs.FileInfo) error {
 	dir, name := filepath.Split(path)
 	if target, err := os.Readlink(path); err != nil || target != atomicWriterData+"/"+name {
-		return fmt.Errorf("%w: %s is not a symlink to %s/%s", errNotSecretMount, path, atomicWriterData, name)
+		return fmt.Errorf("%w: %s is not a symlink to %s/%s", ErrNotSecretMount, path, atomicWriterData, name)
 	}
 	data, err := os.Readlink(filepath.Join(dir, atomicWriterData))
 	if err != nil || !strings.HasPrefix(data, "..") || data == atomicWriterData || strings.ContainsRune(data, '/') {
-		return fmt.Errorf("%w: %s is not a symlink to a ..<timestamp> directory", errNotSecretMount, filepath.Join(dir, atomicWriterData))
+		return fmt.Errorf("%w: %s is not a symlink to a ..<timestamp> directory", ErrNotSecretMount, filepath.Join(dir, atomicWriterData))
 	}
 	behind, err := os.Lstat(filepath.Join(dir, data, name))
 	if err != nil || !os.SameFile(behind, st) {
-		return fmt.Errorf("%w: the opened file is not %s (volume updated meanwhile? restart)", errNotSecretMount, filepath.Join(dir, data, name))
+		return fmt.Errorf("%w: the opened file is not %s (volume updated meanwhile? restart)", ErrNotSecretMount, filepath.Join(dir, data, name))
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package file
+package secretmount
 
 import (
 	"fmt"
@@ -22,10 +22,10 @@ func fileOwner(st fs.FileInfo) (uid, gid int, ok bool) {
 func checkTmpfs(f *os.File) error {
 	var sfs syscall.Statfs_t
 	if err := syscall.Fstatfs(int(f.Fd()), &sfs); err != nil {
-		return fmt.Errorf("%w: statfs: %w", errNotSecretMount, err)
+		return fmt.Errorf("%w: statfs: %w", ErrNotSecretMount, err)
 	}
 	if sfs.Type != tmpfsMagic {
-		return fmt.Errorf("%w: not on tmpfs", errNotSecretMount)
+		return fmt.Errorf("%w: not on tmpfs", ErrNotSecretMount)
 	}
 	return nil
 }
