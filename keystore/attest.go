@@ -128,7 +128,7 @@ func (c *Ceremony) AttestRespond(ctx context.Context, receipts Dir, o RespondOpt
 	}
 	secret, err := o.TPM.ActivateCredential(ctx, o.SignerURI, sealed)
 	if err != nil {
-		return nil, fmt.Errorf("attest --challenge: %w", err)
+		return nil, c.refusal(receipts, opAttestRespond, map[string]string{"akName": fmt.Sprintf("%x", sealed.AKName)}, fmt.Errorf("attest --challenge: %w", err))
 	}
 	r := Receipt{Operation: opAttestRespond, Backend: "tpm", Details: map[string]string{"akName": fmt.Sprintf("%x", sealed.AKName)}}
 	out, err := c.commitRecord(receipts, r, []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: attestation.EncodeSecret(secret), Mode: 0o600}, Overwrite: o.Force}})

@@ -130,6 +130,12 @@ func checkEKPublic(raw []byte, cert *x509.Certificate) (*tpm2.TPMTPublic, error)
 	if err != nil {
 		return nil, refuse(CheckEKPublic, "%w", err)
 	}
+	// The symmetric parameters decide how TPM2_ActivateCredential
+	// decrypts the credential; they must be the template's.
+	wantParms, err := want.Parameters.RSADetail()
+	if err != nil || !bytes.Equal(tpm2.Marshal(parms), tpm2.Marshal(wantParms)) {
+		return nil, refuse(CheckEKPublic, "the EK parameters are not the TCG RSA 2048 EK template's")
+	}
 	uniq, err := pub.Unique.RSA()
 	if err != nil {
 		return nil, refuse(CheckEKPublic, "%w", err)

@@ -190,7 +190,7 @@ func activate(t transport.TPM, s *attestation.Sealed) ([]byte, error) {
 	}.Execute(t)
 	if err != nil {
 		if string(ak.Name.Buffer) != string(s.AKName) {
-			return nil, fmt.Errorf("%w (TPM2_ActivateCredential: %w)", ErrOtherTPM, err)
+			return nil, &attestation.CheckError{Check: attestation.CheckCredential, Err: fmt.Errorf("%w (TPM2_ActivateCredential: %w)", ErrOtherTPM, err)}
 		}
 		return nil, fmt.Errorf("TPM2_ActivateCredential: %w", err)
 	}
