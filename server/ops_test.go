@@ -460,3 +460,23 @@ func TestReloadUnreadableFile(t *testing.T) {
 	rl.Check()
 	wantReloadFailed(t, m, 0, "with the token file back")
 }
+
+// TestReloadDropsRemovedTokenIndexes: after a rotation removes a token,
+// trustd_token_used_total has no series for an index that no longer
+// exists (a frozen counter would read as "a token nobody uses").
+func TestReloadDropsRemovedTokenIndexes(t *testing.T) {
+	ca := newTestCA(t, signer.ECDSAP256)
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, "file", true)
+	svc, err := New(Config{Signer: ca.signer, Credentials: ca.credentials(t, testToken+"\nnew-token"), Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(m.tokenUsed); n != 2 {
+		t.Fatalf("%d token series with two tokens, want 2", n)
+	}
+	svc.SetCredentials(ca.credentials(t, "new-token"))
+	if n := testutil.CollectAndCount(m.tokenUsed); n != 1 {
+		t.Fatalf("%d token series after removing a token, want 1", n)
+	}
+}
