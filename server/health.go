@@ -148,11 +148,22 @@ func (r *Readiness) probe() <-chan error {
 // Run re-evaluates readiness every interval until ctx ends, so that the
 // gRPC health status and the metric follow the signer without traffic.
 //
+// Each evaluation waits for a probe at most one window: a device that
+// hangs must turn the status NOT_SERVING, not stall Run with the last
+// status still published.
+//
 // Before returning it waits (up to probeDrain) for a probe signature still
 // on the device, so that the signer is not closed under it.
 func (r *Readiness) Run(ctx context.Context, interval time.Duration) {
-	r.publish(r.Ready(ctx))
-	every(ctx, interval, func() { r.publish(r.Ready(ctx)) })
+	evaluate := func() {
+		pctx, cancel := context.WithTimeout(ctx, r.window)
+		defer cancel()
+		if ready := r.Ready(pctx); ctx.Err() == nil { // not at shutdown
+			r.publish(ready)
+		}
+	}
+	evaluate()
+	every(ctx, interval, evaluate)
 	done := make(chan struct{})
 	go func() { r.probes.Wait(); close(done) }()
 	select {

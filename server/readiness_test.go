@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -62,4 +63,31 @@ func TestReadinessProbeCallerGone(t *testing.T) {
 		t.Fatalf("signer errors %v, want 0", got)
 	}
 	r.probes.Wait()
+}
+
+// TestReadinessRunHungSigner: a probe that never answers turns the gRPC
+// health status NOT_SERVING once the window has passed, instead of
+// stalling Run with the last status (SERVING) still published.
+func TestReadinessRunHungSigner(t *testing.T) {
+	ca := newTestCA(t, signer.ECDSAP256)
+	ss := &slowSigner{Signer: ca.signer, started: make(chan struct{}, 1), release: make(chan struct{})}
+	clk := newFakeClock()
+	r := NewReadiness(ss, 200*time.Millisecond, clk.now, nil)
+	r.Observe(nil)
+	clk.add(time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { r.Run(ctx, 50*time.Millisecond); close(ran) }()
+	defer func() { close(ss.release); cancel(); <-ran }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := r.health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+		if err == nil && resp.Status == healthpb.HealthCheckResponse_NOT_SERVING {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gRPC health still %v with the signer hung", resp.GetStatus())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
