@@ -45,16 +45,24 @@ func (d CertDir) read(name string, inline []byte, optional bool, h *digestBuilde
 		h.add(name, inline)
 		return inline, nil
 	}
-	b, err := os.ReadFile(filepath.Join(d.Dir, name))
-	if err != nil {
-		if optional && errors.Is(err, fs.ErrNotExist) {
-			h.add(name, nil)
-			return nil, nil
-		}
-		return nil, err
+	return readDigested(filepath.Join(d.Dir, name), name, optional, h)
+}
+
+// readDigested reads path into h under name. A failed read has a digest
+// of its own, or the reloader would take it for no change (or for the
+// last refusal) and say nothing.
+func readDigested(path, name string, optional bool, h *digestBuilder) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		h.add(name, b)
+	case optional && errors.Is(err, fs.ErrNotExist):
+		h.add(name, nil)
+		return nil, nil
+	default:
+		h.add(name+" unreadable", []byte(err.Error()))
 	}
-	h.add(name, b)
-	return b, nil
+	return b, err
 }
 
 // Credentials reads token, os-ca.crt, accepted-cas.crt and issuer.crt
@@ -63,19 +71,19 @@ func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	var h digestBuilder
 	token, err := d.read(certdir.FileToken, d.Token, false, &h)
 	if err != nil {
-		return nil, Digest{}, fmt.Errorf("worker token (set $TRUSTD_TOKEN or provide %s): %w", certdir.FileToken, err)
+		return nil, h.sum(), fmt.Errorf("worker token (set $TRUSTD_TOKEN or provide %s): %w", certdir.FileToken, err)
 	}
 	ca, err := d.read(certdir.FileCACert, d.CACert, false, &h)
 	if err != nil {
-		return nil, Digest{}, fmt.Errorf("OS CA certificate (set $TRUSTD_OS_CA_CRT or provide %s): %w", certdir.FileCACert, err)
+		return nil, h.sum(), fmt.Errorf("OS CA certificate (set $TRUSTD_OS_CA_CRT or provide %s): %w", certdir.FileCACert, err)
 	}
 	accepted, err := d.read(certdir.FileAcceptedCAs, nil, true, &h)
 	if err != nil {
-		return nil, Digest{}, fmt.Errorf("accepted CAs: %w", err)
+		return nil, h.sum(), fmt.Errorf("accepted CAs: %w", err)
 	}
 	issuer, source, err := d.readIssuer(&h)
 	if err != nil {
-		return nil, Digest{}, fmt.Errorf("issuer chain: %w", err)
+		return nil, h.sum(), fmt.Errorf("issuer chain: %w", err)
 	}
 	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, IssuerChain: issuer, IssuerSource: source}
 	c, err := LoadCredentials(files, d.SignerPublic, clockOrDefault(d.Clock)())
@@ -90,8 +98,7 @@ func (d CertDir) readIssuer(h *digestBuilder) ([]byte, string, error) {
 		h.add(certdir.FileIssuerChain, d.IssuerChain)
 		return d.IssuerChain, "$TRUSTD_ISSUER_CRT", nil
 	case d.IssuerFile != "":
-		b, err := os.ReadFile(d.IssuerFile)
-		h.add(certdir.FileIssuerChain, b)
+		b, err := readDigested(d.IssuerFile, certdir.FileIssuerChain, false, h)
 		return b, d.IssuerFile, err
 	}
 	b, err := d.read(certdir.FileIssuerChain, nil, true, h)
@@ -104,11 +111,11 @@ func (d CertDir) ServingCert(now time.Time) (*tls.Certificate, Digest, error) {
 	var h digestBuilder
 	crt, err := d.read(certdir.FileServerCert, nil, true, &h)
 	if err != nil {
-		return nil, Digest{}, err
+		return nil, h.sum(), err
 	}
 	key, err := d.read(certdir.FileServerKey, nil, true, &h)
 	if err != nil {
-		return nil, Digest{}, err
+		return nil, h.sum(), err
 	}
 	if crt == nil && key == nil {
 		return nil, h.sum(), nil

@@ -5,7 +5,6 @@ import (
 	"crypto"
 	"crypto/ed25519"
 	"crypto/sha256"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -112,28 +111,59 @@ func (r *Readiness) Ready(ctx context.Context) bool {
 	r.probing = true
 	r.lastProbe = r.now()
 	r.mu.Unlock()
-
-	err := probeSign(ctx, r.signer, &r.probes)
-	if err != nil && ctx.Err() == nil {
-		// A probe failure is a signer failure like a request's: the
-		// alerts on trustd_signer_errors_total must fire without traffic.
-		r.metrics.observeSignerError(signer.ErrorKind(err))
+	select {
+	case err := <-r.probe():
+		return err == nil
+	case <-ctx.Done():
+		// The caller gave up (a kubelet probe timing out, shutdown): that
+		// says nothing about the signer. The probe's own answer counts
+		// when it comes; a device that never answers loses readiness
+		// once the window has passed without a success.
+		return false
 	}
-	r.mu.Lock()
-	r.probing = false
-	r.mu.Unlock()
-	r.Observe(err)
-	return err == nil
+}
+
+// probe makes one throw-away signature in the background and records its
+// outcome when it completes, whoever still waits for it.
+func (r *Readiness) probe() <-chan error {
+	done := make(chan error, 1)
+	r.probes.Add(1)
+	go func() {
+		defer r.probes.Done()
+		err := probeSign(r.signer)
+		if err != nil {
+			// A probe failure is a signer failure like a request's: the
+			// alerts on trustd_signer_errors_total must fire without traffic.
+			r.metrics.observeSignerError(signer.ErrorKind(err))
+		}
+		r.mu.Lock()
+		r.probing = false
+		r.mu.Unlock()
+		r.Observe(err)
+		done <- err
+	}()
+	return done
 }
 
 // Run re-evaluates readiness every interval until ctx ends, so that the
 // gRPC health status and the metric follow the signer without traffic.
 //
+// Each evaluation waits for a probe at most one window: a device that
+// hangs must turn the status NOT_SERVING, not stall Run with the last
+// status still published.
+//
 // Before returning it waits (up to probeDrain) for a probe signature still
 // on the device, so that the signer is not closed under it.
 func (r *Readiness) Run(ctx context.Context, interval time.Duration) {
-	r.publish(r.Ready(ctx))
-	every(ctx, interval, func() { r.publish(r.Ready(ctx)) })
+	evaluate := func() {
+		pctx, cancel := context.WithTimeout(ctx, r.window)
+		defer cancel()
+		if ready := r.Ready(pctx); ctx.Err() == nil { // not at shutdown
+			r.publish(ready)
+		}
+	}
+	evaluate()
+	every(ctx, interval, evaluate)
 	done := make(chan struct{})
 	go func() { r.probes.Wait(); close(done) }()
 	select {
@@ -180,27 +210,15 @@ func (r *Readiness) signerChanged(ready bool) {
 func (r *Readiness) RegisterHealth(g *grpc.Server) { healthpb.RegisterHealthServer(g, r.health) }
 
 // probeSign makes one throw-away signature.
-func probeSign(ctx context.Context, s signer.Signer, running *sync.WaitGroup) error {
+func probeSign(s signer.Signer) error {
 	msg := []byte("steward-trustd readiness probe")
-	done := make(chan error, 1)
-	running.Add(1)
-	go func() {
-		defer running.Done()
-		var err error
-		if _, ok := s.Public().(ed25519.PublicKey); ok {
-			_, err = s.Sign(nil, msg, crypto.Hash(0))
-		} else {
-			d := sha256.Sum256(msg)
-			_, err = s.Sign(nil, d[:], crypto.SHA256)
-		}
-		done <- err
-	}()
-	select {
-	case err := <-done:
+	if _, ok := s.Public().(ed25519.PublicKey); ok {
+		_, err := s.Sign(nil, msg, crypto.Hash(0))
 		return err
-	case <-ctx.Done():
-		return fmt.Errorf("readiness probe: %w", ctx.Err())
 	}
+	d := sha256.Sum256(msg)
+	_, err := s.Sign(nil, d[:], crypto.SHA256)
+	return err
 }
 
 // HealthHandler serves /healthz (the process answers), /readyz (the

@@ -119,10 +119,10 @@ func newRate(r float64, burst int) *rate.Limiter {
 // allow takes one token from b; a nil bucket (no limit) always allows.
 func allow(b *rate.Limiter, now time.Time) bool { return b == nil || b.AllowN(now, 1) }
 
-// evictLocked forgets idle addresses, the longest idle first, to make
-// room; a full table of busy peers drops the oldest half.
+// evictLocked forgets idle addresses to make room; a table still full of
+// busy peers then drops half of them, whichever the map yields first.
 func (l *limiter) evictLocked(now time.Time) {
-	idle := time.Duration(float64(l.cfg.PerPeerBurst)/maxf(l.cfg.PerPeerRate, 0.001)) * time.Second
+	idle := time.Duration(float64(l.cfg.PerPeerBurst)/max(l.cfg.PerPeerRate, 0.001)) * time.Second
 	for a, p := range l.peers {
 		if now.Sub(p.lastSeen) > idle {
 			delete(l.peers, a)
@@ -138,13 +138,6 @@ func (l *limiter) evictLocked(now time.Time) {
 			break
 		}
 	}
-}
-
-func maxf(a, b float64) float64 {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // admit charges a request with a valid token to its address's budget.

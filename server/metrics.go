@@ -240,13 +240,18 @@ func (m *Metrics) inflight(delta float64) {
 	}
 }
 
-// SetTokenCount creates the per-token counters at 0 for n tokens.
+// SetTokenCount creates the per-token counters at 0 for n tokens and
+// drops those of indexes a reload removed: a frozen series would read as
+// a token no worker uses.
 func (m *Metrics) SetTokenCount(n int) {
 	if m == nil {
 		return
 	}
 	for i := range n {
 		m.tokenUsed.WithLabelValues(strconv.Itoa(i))
+	}
+	for i := n; i < maxTokens; i++ {
+		m.tokenUsed.DeleteLabelValues(strconv.Itoa(i))
 	}
 }
 

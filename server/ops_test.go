@@ -423,3 +423,60 @@ func TestReloadServingCert(t *testing.T) {
 		t.Fatalf("serving certificate %s after reload, want two.example", got)
 	}
 }
+
+// TestReloadUnreadableFile: a credential file that cannot be read (here:
+// deleted) is a refused reload like any other, reported once — not
+// skipped in silence because the failed read has no content to digest.
+func TestReloadUnreadableFile(t *testing.T) {
+	ca := newTestCA(t, signer.ECDSAP256)
+	dir := t.TempDir()
+	writeCertDir(t, dir, map[string][]byte{certdir.FileToken: []byte(testToken), certdir.FileCACert: ca.pem})
+	cd := CertDir{Dir: dir, SignerPublic: ca.signer.Public()}
+	creds, d, err := cd.Credentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs devtest.LockedBuffer
+	m := NewMetrics(prometheus.NewRegistry(), "file", true)
+	svc, err := New(Config{Signer: ca.signer, Credentials: creds, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &Reloader{Dir: cd, Service: svc, Metrics: m, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
+	rl.Prime(d, Digest{})
+	if err := os.Remove(filepath.Join(dir, certdir.FileToken)); err != nil {
+		t.Fatal(err)
+	}
+	rl.Check()
+	rl.Check()
+	wantReloadFailed(t, m, 1, "with the token file gone")
+	if got := testutil.ToFloat64(m.reloads.WithLabelValues("credentials", "error")); got != 1 {
+		t.Fatalf("reload errors %v, want 1", got)
+	}
+	if !strings.Contains(logs.String(), "reload refused") {
+		t.Fatal("unreadable token file not logged")
+	}
+	writeCertDir(t, dir, map[string][]byte{certdir.FileToken: []byte(testToken)})
+	rl.Check()
+	wantReloadFailed(t, m, 0, "with the token file back")
+}
+
+// TestReloadDropsRemovedTokenIndexes: after a rotation removes a token,
+// trustd_token_used_total has no series for an index that no longer
+// exists (a frozen counter would read as "a token nobody uses").
+func TestReloadDropsRemovedTokenIndexes(t *testing.T) {
+	ca := newTestCA(t, signer.ECDSAP256)
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, "file", true)
+	svc, err := New(Config{Signer: ca.signer, Credentials: ca.credentials(t, testToken+"\nnew-token"), Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(m.tokenUsed); n != 2 {
+		t.Fatalf("%d token series with two tokens, want 2", n)
+	}
+	svc.SetCredentials(ca.credentials(t, "new-token"))
+	if n := testutil.CollectAndCount(m.tokenUsed); n != 1 {
+		t.Fatalf("%d token series after removing a token, want 1", n)
+	}
+}
