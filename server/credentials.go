@@ -125,6 +125,15 @@ func (c *Credentials) IssuerNotAfter() time.Time {
 	return c.ca.NotAfter
 }
 
+// validity is the lifetime of a worker certificate issued at now: want,
+// cut so that it ends no later than the issuer chain. pki.Validity clamps
+// to the signing certificate alone; a chain whose higher CA expires first
+// would otherwise hand out certificates that outlive it. An expired chain
+// gives a lifetime ≤ 0, which issuance refuses.
+func (c *Credentials) validity(want time.Duration, now time.Time) time.Duration {
+	return min(want, c.IssuerNotAfter().Sub(now))
+}
+
 // Bundle returns the PEM bundle returned to workers as `ca`.
 func (c *Credentials) Bundle() []byte { return c.bundle }
 

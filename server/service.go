@@ -154,7 +154,7 @@ func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*p
 	s.metrics.inflight(1)
 	defer s.metrics.inflight(-1)
 	t0 := s.now()
-	cert, err := Issue(r, creds.Issuer(), s.signer, s.limits.Validity, s.now(), s.rand)
+	cert, err := Issue(r, creds.Issuer(), s.signer, creds.validity(s.limits.Validity, t0), t0, s.rand)
 	s.metrics.observeLate(ctx, err)
 	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
 	s.signerState.observe(err)

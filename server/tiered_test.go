@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"log/slog"
+	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -305,5 +306,50 @@ func TestLogIssuerWarnsBeforeExpiry(t *testing.T) {
 		if !strings.Contains(buf.String(), tc.want) || !strings.Contains(buf.String(), `"tiered":true`) {
 			t.Errorf("log %s, want %s", buf.String(), tc.want)
 		}
+	}
+}
+
+// TestWorkerCertificateEndsWithChain: with a two-CA issuer chain whose
+// upper CA expires before the signing intermediate, worker certificates
+// end with the chain, not with the intermediate.
+func TestWorkerCertificateEndsWithChain(t *testing.T) {
+	now := time.Now()
+	root, mid, inter := newTestCA(t, signer.ECDSAP256), newTestCA(t, signer.ECDSAP256), newTestCA(t, signer.ECDSAP256)
+	ca := func(cn string, pathLen int, notAfter time.Time, parent, key *testCA, pub any) *x509.Certificate {
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(now.UnixNano()), Subject: pkix.Name{CommonName: cn},
+			NotBefore: now.Add(-time.Hour), NotAfter: notAfter,
+			IsCA: true, BasicConstraintsValid: true, MaxPathLen: pathLen, MaxPathLenZero: pathLen == 0,
+			KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, parent.cert, pub, key.signer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mustParse(t, der)
+	}
+	midCert := ca("mid", 1, now.Add(14*time.Hour), root, root, mid.signer.Public())
+	mid.cert = midCert
+	interCert := ca("node-a", 0, now.Add(365*24*time.Hour), mid, mid, inter.signer.Public())
+	files := CredentialFiles{Token: []byte(testToken), CACert: root.pem, IssuerChain: pki.EncodeCertificates(interCert, midCert)}
+	creds, err := LoadCredentials(files, inter.signer.Public(), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(Config{Signer: inter.signer, Credentials: creds, Clock: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr := makeCSR(t, csrSpec{key: newKey(t, "p256"), dns: []string{"worker"}})
+	resp, err := svc.Certificate(ctxFrom("10.0.0.5"), &securityapi.CertificateRequest{Csr: csr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := pki.ParseCertificates(resp.Crt)
+	if err != nil || len(certs) != 3 {
+		t.Fatalf("crt: %d certificates, %v", len(certs), err)
+	}
+	if certs[0].NotAfter.After(midCert.NotAfter) {
+		t.Errorf("worker certificate ends %v, after its chain (%v)", certs[0].NotAfter, midCert.NotAfter)
 	}
 }
