@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/google/go-tpm/tpm2"
@@ -23,11 +24,20 @@ import (
 // approval that matched last, so that the steady state costs PolicyPCR,
 // PolicyAuthorize, PolicyCommandCode (and PolicyOR) and Sign.
 type authorizedState struct {
-	tickets map[string]tpm2.TPMTTKVerified // by approvalKey
+	tickets map[string]tpm2.TPMTTKVerified // by ticketKey
 	last    *checkedApproval
 }
 
 func approvalKey(a *checkedApproval) string { return a.file + "/" + hex.EncodeToString(a.pol) }
+
+// ticketKey names what a VerifySignature ticket proves: that authority
+// a.auth signed a.pol (the ticket covers the signed digest and the key's
+// name, TPM 2.0 Part 3 §20.1), not which file held the approval, so a
+// file replaced by another authority's approval of the same state does not
+// reuse a ticket PolicyAuthorize would refuse.
+func ticketKey(a *checkedApproval) string {
+	return strconv.Itoa(a.auth) + "/" + hex.EncodeToString(a.pol)
+}
 
 // maxTickets bounds the cached VerifySignature tickets.
 const maxTickets = 2 * maxApprovalFiles
@@ -128,7 +138,7 @@ func (s *Signer) authorizeWith(t transport.TPM, sess tpm2.TPMHandle, a *checkedA
 	case pcr && errors.Is(err, tpm2.TPMRCValue):
 		return errNoMatch
 	case err != nil:
-		delete(s.auth.tickets, approvalKey(a)) // a ticket of a cleared owner hierarchy
+		delete(s.auth.tickets, ticketKey(a)) // a ticket of a cleared owner hierarchy
 		return fmt.Errorf("TPM2_PolicyAuthorize (approval %s): %w", a.file, err)
 	}
 	return s.finishBranch(t, sess)
@@ -156,7 +166,7 @@ func (s *Signer) finishBranch(t transport.TPM, sess tpm2.TPMHandle) error {
 // signature verified (TPM 2.0 Part 3 §20.1), the key flushed.
 // PolicyAuthorize needs only the authority's name afterwards.
 func (s *Signer) ticket(t transport.TPM, a *checkedApproval) (tpm2.TPMTTKVerified, error) {
-	if tk, ok := s.auth.tickets[approvalKey(a)]; ok {
+	if tk, ok := s.auth.tickets[ticketKey(a)]; ok {
 		return tk, nil
 	}
 	auth := s.km.authorities[a.auth]
@@ -177,7 +187,7 @@ func (s *Signer) ticket(t transport.TPM, a *checkedApproval) (tpm2.TPMTTKVerifie
 		// Bounded: approvals come and go; the ones in use are verified again.
 		s.auth.tickets = map[string]tpm2.TPMTTKVerified{}
 	}
-	s.auth.tickets[approvalKey(a)] = rsp.Validation
+	s.auth.tickets[ticketKey(a)] = rsp.Validation
 	return rsp.Validation, nil
 }
 

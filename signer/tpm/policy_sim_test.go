@@ -382,3 +382,26 @@ func TestAuthorizedImportAndHandle(t *testing.T) {
 	f.sim.ExtendPCR(t, 7, []byte("update"))
 	mustRefuse(t, reopened)
 }
+
+// TestApprovalReplacedByOtherAuthority replaces an approval file by an
+// approval of the same PCR state from the other authority: the TPM
+// ticket cached for the first authority must not be presented for the
+// second (PolicyAuthorize would refuse it and the signature fail).
+func TestApprovalReplacedByOtherAuthority(t *testing.T) {
+	primary, breakGlass := newP256(t), newP256(t)
+	f := newAuthorizedFixture(t, primary, breakGlass)
+	f.approve(t, primary, "boot")
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mustSign(t, s)
+	f.approve(t, breakGlass, "boot")
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(filepath.Join(f.approvals, "boot.json"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	mustSign(t, s)
+	mustSign(t, s)
+}
