@@ -70,12 +70,9 @@ func SignApproval(authority crypto.Signer, pcrs []int, values [][]byte, meta App
 	if err != nil {
 		return nil, err
 	}
-	if !slices.IsSorted(pcrs) {
-		return nil, errors.New("approval: PCRs must be in ascending order")
-	}
-	pol, err := PCRPolicyDigest(pcrs, values)
+	pol, err := PCRPolicyDigest(pcrs, values) // checks the selection as checkApproval does
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("approval: %w", err)
 	}
 	sig, err := signTPMT(authority, a, approvalDigest(pol, PolicyRef))
 	if err != nil {

@@ -325,3 +325,30 @@ func FuzzParseApprovals(f *testing.F) {
 		}
 	})
 }
+
+// TestSignApprovalRefusesWhatTheSignerRefuses: SignApproval must not sign
+// a selection checkApproval would refuse (duplicate or out-of-range PCRs),
+// nor panic on a negative index.
+func TestSignApprovalRefusesWhatTheSignerRefuses(t *testing.T) {
+	auth := p256(t)
+	for _, tc := range []struct {
+		name string
+		pcrs []int
+	}{
+		{"negative", []int{-1, 7}},
+		{"duplicate", []int{7, 7}},
+		{"above 23", []int{7, 24}},
+		{"unsorted", []int{11, 7}},
+		{"empty", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vals := make([][]byte, len(tc.pcrs))
+			for i := range vals {
+				vals[i] = pcrValue(byte(i))
+			}
+			if _, err := SignApproval(auth, tc.pcrs, vals, ApprovalMeta{}); err == nil || !strings.Contains(err.Error(), "PCRs") {
+				t.Fatalf("SignApproval(%v) = %v, want an error about the PCRs", tc.pcrs, err)
+			}
+		})
+	}
+}

@@ -2,12 +2,14 @@ package tpm
 
 import (
 	"cmp"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -122,12 +124,22 @@ func (d *approvalDir) readFile(name string) (approvalFileState, bool) {
 }
 
 // readLimited reads at most limit+1 bytes of path, so that an oversized
-// file is refused without reading all of it.
+// file is refused without reading all of it. It opens without blocking
+// and checks the opened file is regular: a file swapped for a FIFO after
+// the scan's Stat would otherwise block the open, and the signer holding
+// its mutex, until something writes to it.
 func readLimited(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s); put approval files in the directory as plain files", path, fi.Mode().Type())
+	}
 	return io.ReadAll(io.LimitReader(f, limit+1))
 }

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
@@ -18,16 +20,76 @@ import (
 )
 
 // authorizedState is what a Signer of a key under policy authorities keeps
-// between signatures (guarded by Signer.mu): the VerifySignature tickets,
-// so that each approval's signature is verified by the TPM once, and the
-// approval that matched last, so that the steady state costs PolicyPCR,
-// PolicyAuthorize, PolicyCommandCode (and PolicyOR) and Sign.
+// between signatures: the VerifySignature tickets, so that each approval's
+// signature is verified by the TPM once, and the approval that matched
+// last, so that the steady state costs PolicyPCR, PolicyAuthorize,
+// PolicyCommandCode (and PolicyOR) and Sign.
+//
+// Signer.mu serializes operations, but runBounded abandons an operation
+// that timed out, and its goroutine may get a late answer from the TPM
+// (a device read that Close does not interrupt) and come here after
+// Signer.mu was released: so the state, and the approvals directory, have
+// their own mutex, never held across TPM I/O.
 type authorizedState struct {
-	tickets map[string]tpm2.TPMTTKVerified // by approvalKey
+	mu      sync.Mutex
+	tickets map[string]tpm2.TPMTTKVerified // by ticketKey
 	last    *checkedApproval
 }
 
+func (st *authorizedState) lastApproval() *checkedApproval {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.last
+}
+
+func (st *authorizedState) setLast(a *checkedApproval) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.last = a
+}
+
+func (st *authorizedState) ticket(key string) (tpm2.TPMTTKVerified, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	tk, ok := st.tickets[key]
+	return tk, ok
+}
+
+func (st *authorizedState) putTicket(key string, tk tpm2.TPMTTKVerified) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.tickets == nil || len(st.tickets) >= maxTickets {
+		// Bounded: approvals come and go; the ones in use are verified again.
+		st.tickets = map[string]tpm2.TPMTTKVerified{}
+	}
+	st.tickets[key] = tk
+}
+
+func (st *authorizedState) dropTicket(key string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	delete(st.tickets, key)
+}
+
+// approvals returns the usable approvals, newest first, re-reading the
+// directory as approvalDir.current does. The copy is the caller's: the
+// approval remembered as last stays what it was across re-reads.
+func (s *Signer) approvals(force bool) []checkedApproval {
+	s.auth.mu.Lock()
+	defer s.auth.mu.Unlock()
+	return slices.Clone(s.km.approvals.current(force))
+}
+
 func approvalKey(a *checkedApproval) string { return a.file + "/" + hex.EncodeToString(a.pol) }
+
+// ticketKey names what a VerifySignature ticket proves: that authority
+// a.auth signed a.pol (the ticket covers the signed digest and the key's
+// name, TPM 2.0 Part 3 §20.1), not which file held the approval, so a
+// file replaced by another authority's approval of the same state does not
+// reuse a ticket PolicyAuthorize would refuse.
+func ticketKey(a *checkedApproval) string {
+	return strconv.Itoa(a.auth) + "/" + hex.EncodeToString(a.pol)
+}
 
 // maxTickets bounds the cached VerifySignature tickets.
 const maxTickets = 2 * maxApprovalFiles
@@ -40,8 +102,8 @@ var errNoMatch = errors.New("no approval matches")
 // Part 3 §23.16), PolicyCommandCode(Sign) and, with several authorities,
 // PolicyOR (§23.6).
 func (s *Signer) runAuthorized(t transport.TPM, sess tpm2.TPMHandle) error {
-	approvals := s.km.approvals.current(false)
-	if last := s.auth.last; last != nil && slices.ContainsFunc(approvals, func(a checkedApproval) bool { return approvalKey(&a) == approvalKey(last) }) {
+	approvals := s.approvals(false)
+	if last := s.auth.lastApproval(); last != nil && slices.ContainsFunc(approvals, func(a checkedApproval) bool { return approvalKey(&a) == approvalKey(last) }) {
 		err := s.authorizeWith(t, sess, last, true)
 		if !errors.Is(err, errNoMatch) {
 			return err
@@ -50,7 +112,7 @@ func (s *Signer) runAuthorized(t transport.TPM, sess tpm2.TPMHandle) error {
 			return err
 		}
 	}
-	s.auth.last = nil
+	s.auth.setLast(nil)
 	a, err := s.selectApproval(t, sess, approvals)
 	if err != nil {
 		return err
@@ -58,7 +120,7 @@ func (s *Signer) runAuthorized(t transport.TPM, sess tpm2.TPMHandle) error {
 	if err := s.authorizeWith(t, sess, a, false); err != nil {
 		return err
 	}
-	s.auth.last = a
+	s.auth.setLast(a)
 	return nil
 }
 
@@ -128,7 +190,7 @@ func (s *Signer) authorizeWith(t transport.TPM, sess tpm2.TPMHandle, a *checkedA
 	case pcr && errors.Is(err, tpm2.TPMRCValue):
 		return errNoMatch
 	case err != nil:
-		delete(s.auth.tickets, approvalKey(a)) // a ticket of a cleared owner hierarchy
+		s.auth.dropTicket(ticketKey(a)) // a ticket of a cleared owner hierarchy
 		return fmt.Errorf("TPM2_PolicyAuthorize (approval %s): %w", a.file, err)
 	}
 	return s.finishBranch(t, sess)
@@ -156,7 +218,7 @@ func (s *Signer) finishBranch(t transport.TPM, sess tpm2.TPMHandle) error {
 // signature verified (TPM 2.0 Part 3 §20.1), the key flushed.
 // PolicyAuthorize needs only the authority's name afterwards.
 func (s *Signer) ticket(t transport.TPM, a *checkedApproval) (tpm2.TPMTTKVerified, error) {
-	if tk, ok := s.auth.tickets[approvalKey(a)]; ok {
+	if tk, ok := s.auth.ticket(ticketKey(a)); ok {
 		return tk, nil
 	}
 	auth := s.km.authorities[a.auth]
@@ -173,11 +235,7 @@ func (s *Signer) ticket(t transport.TPM, a *checkedApproval) (tpm2.TPMTTKVerifie
 	if err != nil {
 		return tpm2.TPMTTKVerified{}, fmt.Errorf("approval %s: the TPM refuses the authority's signature (TPM2_VerifySignature): %w: %w", a.file, signer.ErrPolicyNotSatisfied, err)
 	}
-	if s.auth.tickets == nil || len(s.auth.tickets) >= maxTickets {
-		// Bounded: approvals come and go; the ones in use are verified again.
-		s.auth.tickets = map[string]tpm2.TPMTTKVerified{}
-	}
-	s.auth.tickets[approvalKey(a)] = rsp.Validation
+	s.auth.putTicket(ticketKey(a), rsp.Validation)
 	return rsp.Validation, nil
 }
 
@@ -269,7 +327,7 @@ func (s *Signer) PolicyReport(ctx context.Context) (*PolicyReport, error) {
 			return err
 		}
 		r.PCRValues, r.PolicyPCRDigest = hexValues(s.km.pcrs, vals), hex.EncodeToString(pol)
-		r.Approvals = len(s.km.approvals.current(true))
+		r.Approvals = len(s.approvals(true))
 		return s.matchReport(t, r)
 	})
 	return r, err
@@ -283,7 +341,7 @@ func (s *Signer) matchReport(t transport.TPM, r *PolicyReport) error {
 		return fmt.Errorf("start policy session (TPM2_StartAuthSession): %w", err)
 	}
 	defer closeSess() //nolint:errcheck // flushing a session we are done with
-	s.auth.last = nil
+	s.auth.setLast(nil)
 	if err := s.runAuthorized(t, sess.Handle()); err != nil {
 		if !errors.Is(err, signer.ErrPolicyNotSatisfied) {
 			return err
@@ -291,6 +349,8 @@ func (s *Signer) matchReport(t transport.TPM, r *PolicyReport) error {
 		r.MatchError = err.Error()
 		return nil
 	}
-	r.Matching = filepath.Join(s.uri.Approvals, s.auth.last.file)
+	if last := s.auth.lastApproval(); last != nil {
+		r.Matching = filepath.Join(s.uri.Approvals, last.file)
+	}
 	return nil
 }

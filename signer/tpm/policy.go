@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/go-tpm/tpm2"
 )
@@ -68,7 +69,12 @@ func digestList(ds [][]byte) tpm2.TPMLDigest {
 // PolicyPCR(sha256:pcrs) with the PCRs holding values (one 32-byte value
 // per PCR, in ascending PCR order): the "pol" an approval signs.
 func PCRPolicyDigest(pcrs []int, values [][]byte) ([]byte, error) {
-	if len(pcrs) == 0 || len(pcrs) != len(values) {
+	// The one rule of ParsePCRs: a selection an approval may name, and
+	// no negative index reaching pcrSelection (which would panic).
+	if sel, err := ParsePCRs(pcrList(pcrs)); err != nil || len(pcrs) == 0 || !slices.Equal(sel, pcrs) {
+		return nil, fmt.Errorf("PCR policy: PCRs %v: want distinct ascending sha256 PCRs 0-%d", pcrs, MaxPCR)
+	}
+	if len(pcrs) != len(values) {
 		return nil, errors.New("PCR policy: one value per PCR is needed")
 	}
 	for _, v := range values {

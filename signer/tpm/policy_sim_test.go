@@ -2,22 +2,26 @@ package tpm_test
 
 import (
 	"bytes"
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-tpm/tpm2"
+	"github.com/google/go-tpm/tpm2/transport"
 
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
@@ -381,4 +385,90 @@ func TestAuthorizedImportAndHandle(t *testing.T) {
 	mustSign(t, reopened)
 	f.sim.ExtendPCR(t, 7, []byte("update"))
 	mustRefuse(t, reopened)
+}
+
+// TestApprovalReplacedByOtherAuthority replaces an approval file by an
+// approval of the same PCR state from the other authority: the TPM
+// ticket cached for the first authority must not be presented for the
+// second (PolicyAuthorize would refuse it and the signature fail).
+func TestApprovalReplacedByOtherAuthority(t *testing.T) {
+	primary, breakGlass := newP256(t), newP256(t)
+	f := newAuthorizedFixture(t, primary, breakGlass)
+	f.approve(t, primary, "boot")
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mustSign(t, s)
+	f.approve(t, breakGlass, "boot")
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(filepath.Join(f.approvals, "boot.json"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	mustSign(t, s)
+	mustSign(t, s)
+}
+
+// stallingTPM holds back the answer to the first TPM2_VerifySignature
+// for hold, as a device whose read Close does not interrupt answers late:
+// the operation that sent it has been abandoned by the timeout by then.
+// It takes no lock shared with the test, so that the race detector sees
+// what the signer alone synchronizes.
+type stallingTPM struct {
+	transport.TPMCloser
+	hold    time.Duration
+	stalled *atomic.Bool
+}
+
+func (s stallingTPM) Send(cmd []byte) ([]byte, error) {
+	rsp, err := s.TPMCloser.Send(cmd)
+	if len(cmd) >= 10 && tpm2.TPMCC(binary.BigEndian.Uint32(cmd[6:10])) == tpm2.TPMCCVerifySignature {
+		if s.stalled.CompareAndSwap(false, true) {
+			time.Sleep(s.hold)
+		}
+	}
+	return rsp, err
+}
+
+// Close leaves the simulator connection usable, as closing a device file
+// with a read in progress releases it only when the read returns.
+func (stallingTPM) Close() error { return nil }
+
+// TestAbandonedAuthorizedOperation: an operation abandoned by the timeout
+// that gets its TPM answer later must not touch the ticket cache
+// unsynchronized with the next operation (a concurrent map write is a
+// fatal error of the daemon). Fails under -race before the fix.
+func TestAbandonedAuthorizedOperation(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	t.Cleanup(func() { // the abandoned connection's key is not flushed
+		hs, _ := tpm.LoadedHandles(f.sim.TPM())
+		for _, h := range hs {
+			_, _ = tpm2.FlushContext{FlushHandle: h}.Execute(f.sim.TPM())
+		}
+	})
+	f.approve(t, auth, "boot")
+	const hold = 400 * time.Millisecond
+	stalled := &atomic.Bool{}
+	f.b.RetryInterval = time.Millisecond
+	f.b.Dial = func(ctx context.Context, d tpm.Device) (transport.TPMCloser, error) {
+		c, err := f.sim.Dial(ctx, d)
+		return stallingTPM{TPMCloser: c, hold: hold, stalled: stalled}, err
+	}
+	s, err := f.b.Generate(ctx, f.uri+";timeout=100ms", signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ps := s.(interface{ CheckPolicy(context.Context) error })
+	if err := ps.CheckPolicy(ctx); !errors.Is(err, signer.ErrDeviceUnavailable) {
+		t.Fatalf("CheckPolicy with a stalled TPM = %v, want ErrDeviceUnavailable", err)
+	}
+	time.Sleep(2 * time.Millisecond) // the retry interval
+	if err := ps.CheckPolicy(ctx); err != nil {
+		t.Fatalf("CheckPolicy on a new connection: %v", err)
+	}
+	time.Sleep(hold) // the abandoned operation gets its answer and ends
+	mustSign(t, s)
 }

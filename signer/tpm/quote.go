@@ -145,12 +145,9 @@ func (b *Backend) AttestationKey(ctx context.Context, uri string) (*ecdsa.Public
 	}
 	var pub *ecdsa.PublicKey
 	err = b.withConn(ctx, u, b.reclaiming(u, func(t transport.TPM) error {
-		ak, err := tpm2.CreatePrimary{
-			PrimaryHandle: tpm2.AuthHandle{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)},
-			InPublic:      tpm2.New2B(akTemplate()),
-		}.Execute(t)
+		ak, err := createAK(t)
 		if err != nil {
-			return fmt.Errorf("create attestation key (TPM2_CreatePrimary): %w", err)
+			return err
 		}
 		defer flush(t, ak.ObjectHandle)
 		pub, err = akPublicKey(ak.OutPublic)
