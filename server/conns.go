@@ -243,9 +243,11 @@ func (l *connListener) admit(c net.Conn) *trackedConn {
 	pa := l.perAddr[ap.Addr()]
 	if pa != nil && pa.total >= l.cfg.MaxPerAddress {
 		l.mu.Unlock()
-		c.Close()
+		// Counted before the close, so that the refusal is visible by the
+		// time the client sees it.
 		l.metrics.connRefused(closedPerAddress)
 		l.state.event(closedPerAddress, "connections refused: an address reached TRUSTD_MAX_CONNECTIONS_PER_ADDRESS", "address", ap.Addr().String())
+		c.Close()
 		return nil
 	}
 	if !l.waitForRoomLocked() {
