@@ -78,3 +78,36 @@ func checkForeignKey(t *testing.T, c *keystore.Ceremony, foreignURI string, node
 		t.Errorf("reused key's request: %v", err)
 	}
 }
+
+// TestReceiptSequenceAfterResume: an interrupted run's intent record sits
+// in the receipts directory; resuming it must not give two receipts the
+// same sequence number (they list in the order they were written).
+func TestReceiptSequenceAfterResume(t *testing.T) {
+	c := newCeremony(t)
+	root := t.TempDir()
+	node := keystore.OSDir{Root: root}
+	uri := "file:" + filepath.Join(root, "intermediate.key")
+	if err := os.MkdirAll(filepath.Join(root, certdir.DirReceipts), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	intent := `{"operation":"intermediate.key","address":"` + uri + `","algorithm":"p256","time":"2026-01-01T00:00:00Z","toolVersion":"test"}`
+	if err := os.WriteFile(filepath.Join(root, certdir.DirReceipts, "intermediate.key.intent"), []byte(intent), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	req := keystore.IntermediateRequestOptions{SignerURI: uri, Name: "node-a", Out: keystore.Target{Dir: node, Name: "node.csr"}}
+	if _, err := c.IntermediateRequest(context.Background(), node, req); err != nil {
+		t.Fatal(err)
+	}
+	names, err := node.List(certdir.DirReceipts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for _, n := range names {
+		seq, _, _ := strings.Cut(n, "-")
+		if prev, ok := seen[seq]; ok {
+			t.Errorf("receipts %s and %s share sequence number %s", prev, n, seq)
+		}
+		seen[seq] = n
+	}
+}
