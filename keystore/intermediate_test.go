@@ -12,6 +12,7 @@ import (
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/signer"
 )
 
 // TestIntermediate: a node's key and request, the root's signature, the
@@ -109,5 +110,33 @@ func TestReceiptSequenceAfterResume(t *testing.T) {
 			t.Errorf("receipts %s and %s share sequence number %s", prev, n, seq)
 		}
 		seen[seq] = n
+	}
+}
+
+// TestIntermediateRotateRefusesCurrentKey: a rotation to the key that
+// issuer.crt already certifies is no rotation; it is refused before any
+// request is written, as the root's rotation refuses the current CA key.
+func TestIntermediateRotateRefusesCurrentKey(t *testing.T) {
+	c := newCeremony(t)
+	ctx := context.Background()
+	root := t.TempDir()
+	rootURI, rd := initCA(t, c, root)
+	node := keystore.OSDir{Root: filepath.Join(root, "node")}
+	nodeURI := "file:" + filepath.Join(root, "intermediate.key")
+	req := keystore.IntermediateRequestOptions{SignerURI: nodeURI, Name: "node-a", Out: keystore.Target{Dir: node, Name: "node.csr"}}
+	if _, err := c.IntermediateRequest(ctx, node, req); err != nil {
+		t.Fatal(err)
+	}
+	sign := keystore.IntermediateSignOptions{SignerURI: rootURI, CA: mustCA(t, rd, certdir.FileCACert), CSR: readFile(t, filepath.Join(node.Root, "node.csr")),
+		Out: keystore.Target{Dir: node, Name: certdir.FileIssuerChain}}
+	if _, _, err := c.IntermediateSign(ctx, rd, sign); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.IntermediateRotate(ctx, node, keystore.IntermediateRequestOptions{SignerURI: nodeURI, Name: "node-a"})
+	if !errors.Is(err, signer.ErrKeyExists) || !strings.Contains(err.Error(), "current intermediate") {
+		t.Errorf("rotation to the current key: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(node.Root, certdir.FileNextIssuerCSR)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s written for the current key: %v", certdir.FileNextIssuerCSR, err)
 	}
 }
