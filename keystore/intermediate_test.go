@@ -140,3 +140,40 @@ func TestIntermediateRotateRefusesCurrentKey(t *testing.T) {
 		t.Errorf("%s written for the current key: %v", certdir.FileNextIssuerCSR, err)
 	}
 }
+
+// TestIntermediateRequestKeepsOtherFiles: --out is replaced only when it
+// holds a certificate request; a key there (even the one the request is
+// for) stays, and the refusal says to pick another file.
+func TestIntermediateRequestKeepsOtherFiles(t *testing.T) {
+	c := newCeremony(t)
+	ctx := context.Background()
+	for name, existing := range map[string]bool{"the new key itself": false, "another file": true} {
+		t.Run(name, func(t *testing.T) {
+			root := t.TempDir()
+			node := keystore.OSDir{Root: root}
+			keyPath := filepath.Join(root, "intermediate.key")
+			out := keyPath
+			if existing {
+				out = filepath.Join(root, "server.key")
+				if err := os.WriteFile(out, []byte("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before, _ := os.ReadFile(out)
+			req := keystore.IntermediateRequestOptions{SignerURI: "file:" + keyPath, Name: "node-a", Out: keystore.Target{Dir: node, Name: filepath.Base(out)}}
+			if _, err := c.IntermediateRequest(ctx, node, req); err == nil || !strings.Contains(err.Error(), "not a certificate request") {
+				t.Errorf("request over %s: %v", out, err)
+			}
+			if after, _ := os.ReadFile(out); existing && string(after) != string(before) || strings.Contains(string(after), "REQUEST") {
+				t.Errorf("%s was replaced by the request", out)
+			}
+			req.Out.Name = "node.csr"
+			if _, err := c.IntermediateRequest(ctx, node, req); err != nil {
+				t.Errorf("request to a fresh file: %v", err)
+			}
+			if _, err := c.IntermediateRequest(ctx, node, req); err != nil {
+				t.Errorf("a request replacing the previous request: %v", err)
+			}
+		})
+	}
+}
