@@ -110,19 +110,29 @@ func (c *Ceremony) intermediateKey(ctx context.Context, d Dir, o IntermediateReq
 // without asking, but a key or certificate at that path (a mistyped
 // --out, or --out naming the file key itself) must never be.
 func replaceableRequest(t Target) error {
+	return replaceable(t, "a certificate request", isPEMRequest)
+}
+
+// replaceable checks that t is absent or holds what is (a file the
+// operation may replace without an explicit flag).
+func replaceable(t Target, what string, is func([]byte) bool) error {
 	b, err := readOptional(t.Dir, t.Name)
-	if err != nil || b == nil {
+	if err != nil || b == nil || is(b) {
 		return err
 	}
-	rest := b
+	return fmt.Errorf("refusing to replace %s: it exists and is not %s (%w); give --out a new file", t.Dir.Path(t.Name), what, fs.ErrExist)
+}
+
+// isPEMRequest reports whether b is PEM certificate requests only.
+func isPEMRequest(b []byte) bool {
 	for {
 		var block *pem.Block
-		block, rest = pem.Decode(rest)
+		block, b = pem.Decode(b)
 		if block == nil || block.Type != "CERTIFICATE REQUEST" && block.Type != "NEW CERTIFICATE REQUEST" {
-			return fmt.Errorf("refusing to replace %s: it exists and is not a certificate request (%w); give --out a new file", t.Dir.Path(t.Name), fs.ErrExist)
+			return false
 		}
-		if len(bytes.TrimSpace(rest)) == 0 {
-			return nil
+		if len(bytes.TrimSpace(b)) == 0 {
+			return true
 		}
 	}
 }

@@ -39,6 +39,9 @@ type IntermediateAttestOptions struct {
 // with SHA-256 of the CSR as qualifying data.
 func (c *Ceremony) IntermediateAttest(ctx context.Context, d Dir, o IntermediateAttestOptions) (*Outcome, error) {
 	csr, err := pki.ParseCSR(o.CSR, 0)
+	if err == nil {
+		err = replaceable(o.Out, "an attested request", func(b []byte) bool { _, err := attestation.ParseRequest(b); return err == nil })
+	}
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request --attest: %w", err)
 	}

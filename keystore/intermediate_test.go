@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/steward-trustd/steward-trustd/internal/attestation"
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
@@ -175,5 +176,39 @@ func TestIntermediateRequestKeepsOtherFiles(t *testing.T) {
 				t.Errorf("a request replacing the previous request: %v", err)
 			}
 		})
+	}
+}
+
+// refuseAttester fails every call: a refused output must be refused
+// before the TPM is asked.
+type refuseAttester struct{ t *testing.T }
+
+func (a refuseAttester) Attest(context.Context, string, []byte) (*attestation.Evidence, error) {
+	a.t.Error("Attest called although --attest names a key file")
+	return &attestation.Evidence{}, nil
+}
+
+func (a refuseAttester) ActivateCredential(context.Context, string, *attestation.Sealed) ([]byte, error) {
+	return nil, errors.New("not used")
+}
+
+// TestIntermediateAttestKeepsOtherFiles: --attest replaces an attested
+// request, never a key.
+func TestIntermediateAttestKeepsOtherFiles(t *testing.T) {
+	c := newCeremony(t)
+	root := t.TempDir()
+	node := keystore.OSDir{Root: root}
+	keyURI := "file:" + filepath.Join(root, "intermediate.key")
+	req := keystore.IntermediateRequestOptions{SignerURI: keyURI, Name: "node-a", Out: keystore.Target{Dir: node, Name: "node.csr"}}
+	if _, err := c.IntermediateRequest(context.Background(), node, req); err != nil {
+		t.Fatal(err)
+	}
+	before := readFile(t, filepath.Join(root, "intermediate.key"))
+	o := keystore.IntermediateAttestOptions{SignerURI: keyURI, CSR: readFile(t, filepath.Join(root, "node.csr")), TPM: refuseAttester{t}, Out: keystore.Target{Dir: node, Name: "intermediate.key"}}
+	if _, err := c.IntermediateAttest(context.Background(), node, o); err == nil || !strings.Contains(err.Error(), "not an attested request") {
+		t.Errorf("--attest over a key: %v", err)
+	}
+	if string(readFile(t, filepath.Join(root, "intermediate.key"))) != string(before) {
+		t.Error("the key was replaced by the attested request")
 	}
 }
