@@ -33,15 +33,20 @@ func (f statusFlags) chain() ([]*x509.Certificate, error) {
 	if path == "" {
 		return nil, nil
 	}
+	return readCerts(path, "issuer chain")
+}
+
+// readCerts reads a PEM certificate file; what names it in errors.
+func readCerts(path, what string) ([]*x509.Certificate, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read issuer chain: %w", err)
+		return nil, fmt.Errorf("read %s: %w", what, err)
 	}
-	chain, err := pki.ParseCertificates(data)
+	certs, err := pki.ParseCertificates(data)
 	if err != nil {
-		return nil, fmt.Errorf("issuer chain %s: %w", path, err)
+		return nil, fmt.Errorf("%s %s: %w", what, path, err)
 	}
-	return chain, nil
+	return certs, nil
 }
 
 // accepted reads accepted-cas.crt next to --ca when present: the daemon
@@ -51,18 +56,10 @@ func (f statusFlags) accepted() ([]*x509.Certificate, error) {
 		return nil, nil
 	}
 	path := filepath.Join(filepath.Dir(f.ca), certdir.FileAcceptedCAs)
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, fmt.Errorf("read accepted CAs: %w", err)
-	}
-	certs, err := pki.ParseCertificates(data)
-	if err != nil {
-		return nil, fmt.Errorf("accepted CAs %s: %w", path, err)
-	}
-	return certs, nil
+	return readCerts(path, "accepted CAs")
 }
 
 // inputs reads --ca and the receipts directory (--dir, default the
