@@ -9,7 +9,6 @@ import (
 	"io"
 	"math/big"
 	"net"
-	"slices"
 	"strings"
 	"time"
 )
@@ -106,9 +105,6 @@ func NewClientCertificate(ca *x509.Certificate, caKey crypto.Signer, pub crypto.
 	if err != nil {
 		return nil, err
 	}
-	if err := checkClientAuthCA(ca); err != nil {
-		return nil, err
-	}
 	if validity <= 0 {
 		validity = DefaultClientValidity
 	}
@@ -122,20 +118,6 @@ func NewClientCertificate(ca *x509.Certificate, caKey crypto.Signer, pub crypto.
 		BasicConstraintsValid: true,
 	}
 	return issue(issuance{tmpl: tmpl, ca: ca, pub: pub, key: caKey, lifetime: validity, now: now, rand: r, verify: true, checkKey: true})
-}
-
-// checkClientAuthCA refuses an issuer whose ExtKeyUsage excludes
-// ClientAuth, such as a tiered setup's ServerAuth-only intermediate: Go
-// checks EKU down the whole chain, so apid would refuse every client
-// certificate issued under it.
-func checkClientAuthCA(ca *x509.Certificate) error {
-	if len(ca.ExtKeyUsage) == 0 && len(ca.UnknownExtKeyUsage) == 0 {
-		return nil // no extension: any usage
-	}
-	if slices.Contains(ca.ExtKeyUsage, x509.ExtKeyUsageClientAuth) || slices.Contains(ca.ExtKeyUsage, x509.ExtKeyUsageAny) {
-		return nil
-	}
-	return fmt.Errorf("CA %q has EKU %s, without ClientAuth: apid would refuse a talosctl certificate issued under it; issue it with the root CA (os-ca.crt) and its key", ca.Subject, DescribeEKU(ca))
 }
 
 // WorkerRequest is what a worker's apid certificate is issued for: the
