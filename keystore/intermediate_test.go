@@ -61,6 +61,11 @@ func TestIntermediate(t *testing.T) {
 		t.Error("no intermediate.sign receipt in the root's directory")
 	}
 	checkForeignKey(t, c, rootURI, node)
+	tc := keystore.TalosconfigOptions{SignerURI: nodeURI, CA: cert, Context: "rogue", Endpoints: []string{"127.0.0.1"}, Roles: []string{"os:admin"},
+		Out: keystore.Target{Dir: node, Name: "rogue.talosconfig"}}
+	if out, err := c.Talosconfig(ctx, node, tc); err != nil || !strings.Contains(strings.Join(out.Notes, "\n"), "without ClientAuth") {
+		t.Errorf("a talosconfig under the ServerAuth-only intermediate gave no warning: %v", err)
+	}
 }
 
 // checkForeignKey: a key nobody recorded is refused unless reused on
