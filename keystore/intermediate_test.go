@@ -2,6 +2,7 @@ package keystore_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"net"
 	"os"
@@ -215,5 +216,63 @@ func TestIntermediateAttestKeepsOtherFiles(t *testing.T) {
 	}
 	if string(readFile(t, filepath.Join(root, "intermediate.key"))) != string(before) {
 		t.Error("the key was replaced by the attested request")
+	}
+}
+
+// payloadAttester "activates" any sealed file to a fixed payload.
+type payloadAttester struct{ payload []byte }
+
+func (a payloadAttester) Attest(context.Context, string, []byte) (*attestation.Evidence, error) {
+	return nil, errors.New("not used")
+}
+
+func (a payloadAttester) ActivateCredential(context.Context, string, *attestation.Sealed) ([]byte, error) {
+	return a.payload, nil
+}
+
+// TestIntermediateInstallChecksProfile: install writes issuer.crt only
+// if it is an intermediate the daemon would accept, as intermediate sign
+// and rotate --intermediate --finish check it; a client certificate for
+// the node's key (EKU ClientAuth, not a CA) is refused.
+func TestIntermediateInstallChecksProfile(t *testing.T) {
+	c := newCeremony(t)
+	ctx := context.Background()
+	root := t.TempDir()
+	rootURI, rd := initCA(t, c, root)
+	node := keystore.OSDir{Root: filepath.Join(root, "node")}
+	nodeURI := "file:" + filepath.Join(root, "intermediate.key")
+	req := keystore.IntermediateRequestOptions{SignerURI: nodeURI, Name: "node-a", Out: keystore.Target{Dir: node, Name: "node.csr"}}
+	if _, err := c.IntermediateRequest(ctx, node, req); err != nil {
+		t.Fatal(err)
+	}
+	rootKey, err := c.Keys.Open(ctx, rootURI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rootKey.Close()
+	csr, err := pki.ParseCSR(readFile(t, filepath.Join(node.Root, "node.csr")), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := pki.NewClientCertificate(mustCA(t, rd, certdir.FileCACert), rootKey, csr.PublicKey, "node-a", []string{"os:admin"}, 0, testNow, rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := (&attestation.Sealed{Version: attestation.SealedVersion, AKName: []byte{1}, IDObject: []byte{1}, EncryptedSecret: []byte{1}}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := keystore.IntermediateInstallOptions{SignerURI: nodeURI, TPM: payloadAttester{pki.EncodeCertificates(leaf)}, Sealed: sealed, Out: keystore.Target{Dir: node, Name: certdir.FileIssuerChain}}
+	if _, _, err := c.IntermediateInstall(ctx, node, o); err == nil || !strings.Contains(err.Error(), "not a CA") {
+		t.Errorf("install of a client certificate as issuer.crt: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(node.Root, certdir.FileCACert), readFile(t, filepath.Join(rd.Root, certdir.FileCACert)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.IntermediateInstall(ctx, node, o); err == nil || !strings.Contains(err.Error(), "would be refused by the daemon") {
+		t.Errorf("install into a cert dir with os-ca.crt: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(node.Root, certdir.FileIssuerChain)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("issuer.crt written: %v", err)
 	}
 }
