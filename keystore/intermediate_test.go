@@ -120,20 +120,28 @@ func TestReceiptSequenceAfterResume(t *testing.T) {
 	}
 }
 
+// requestedNode is a root (its key URI and ceremony directory) and a
+// node directory holding node.csr for a file key at nodeURI.
+func requestedNode(t *testing.T, c *keystore.Ceremony) (rootURI string, rd, node keystore.OSDir, nodeURI string) {
+	t.Helper()
+	root := t.TempDir()
+	rootURI, rd = initCA(t, c, root)
+	node = keystore.OSDir{Root: filepath.Join(root, "node")}
+	nodeURI = "file:" + filepath.Join(root, "intermediate.key")
+	req := keystore.IntermediateRequestOptions{SignerURI: nodeURI, Name: "node-a", Out: keystore.Target{Dir: node, Name: "node.csr"}}
+	if _, err := c.IntermediateRequest(context.Background(), node, req); err != nil {
+		t.Fatal(err)
+	}
+	return rootURI, rd, node, nodeURI
+}
+
 // TestIntermediateRotateRefusesCurrentKey: a rotation to the key that
 // issuer.crt already certifies is no rotation; it is refused before any
 // request is written, as the root's rotation refuses the current CA key.
 func TestIntermediateRotateRefusesCurrentKey(t *testing.T) {
 	c := newCeremony(t)
 	ctx := context.Background()
-	root := t.TempDir()
-	rootURI, rd := initCA(t, c, root)
-	node := keystore.OSDir{Root: filepath.Join(root, "node")}
-	nodeURI := "file:" + filepath.Join(root, "intermediate.key")
-	req := keystore.IntermediateRequestOptions{SignerURI: nodeURI, Name: "node-a", Out: keystore.Target{Dir: node, Name: "node.csr"}}
-	if _, err := c.IntermediateRequest(ctx, node, req); err != nil {
-		t.Fatal(err)
-	}
+	rootURI, rd, node, nodeURI := requestedNode(t, c)
 	sign := keystore.IntermediateSignOptions{SignerURI: rootURI, CA: mustCA(t, rd, certdir.FileCACert), CSR: readFile(t, filepath.Join(node.Root, "node.csr")),
 		Out: keystore.Target{Dir: node, Name: certdir.FileIssuerChain}}
 	if _, _, err := c.IntermediateSign(ctx, rd, sign); err != nil {
@@ -237,14 +245,7 @@ func (a payloadAttester) ActivateCredential(context.Context, string, *attestatio
 func TestIntermediateInstallChecksProfile(t *testing.T) {
 	c := newCeremony(t)
 	ctx := context.Background()
-	root := t.TempDir()
-	rootURI, rd := initCA(t, c, root)
-	node := keystore.OSDir{Root: filepath.Join(root, "node")}
-	nodeURI := "file:" + filepath.Join(root, "intermediate.key")
-	req := keystore.IntermediateRequestOptions{SignerURI: nodeURI, Name: "node-a", Out: keystore.Target{Dir: node, Name: "node.csr"}}
-	if _, err := c.IntermediateRequest(ctx, node, req); err != nil {
-		t.Fatal(err)
-	}
+	rootURI, rd, node, nodeURI := requestedNode(t, c)
 	rootKey, err := c.Keys.Open(ctx, rootURI)
 	if err != nil {
 		t.Fatal(err)
