@@ -6,11 +6,14 @@ package keystore
 // internal/pki.NewIntermediateCertificate for the profile.
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"strings"
 	"time"
@@ -56,6 +59,9 @@ func (c *Ceremony) IntermediateRequest(ctx context.Context, d Dir, o Intermediat
 	if o.Algorithm == "" {
 		o.Algorithm = signer.ECDSAP256
 	}
+	if err := replaceableRequest(o.Out); err != nil {
+		return nil, fmt.Errorf("intermediate request: %w", err)
+	}
 	key, resumed, err := c.intermediateKey(ctx, d, o)
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request: %w", err)
@@ -65,7 +71,12 @@ func (c *Ceremony) IntermediateRequest(ctx context.Context, d Dir, o Intermediat
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request: sign the request on the device: %w", err)
 	}
-	out, err := c.commitIssue(d, planIntermediateRequest(key.Describe(), pki.EncodeCSR(der), o))
+	// Again now that the key exists: a file key may be where --out points.
+	err = replaceableRequest(o.Out)
+	var out *Outcome
+	if err == nil {
+		out, err = c.commitIssue(d, planIntermediateRequest(key.Describe(), pki.EncodeCSR(der), o))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request: %w", err)
 	}
@@ -92,6 +103,38 @@ func (c *Ceremony) intermediateKey(ctx context.Context, d Dir, o IntermediateReq
 		err = fmt.Errorf("%w; if this is the node's intermediate key, re-run with --reuse-key", err)
 	}
 	return key, append(st.cleaned, resumed...), err
+}
+
+// replaceableRequest checks that the request's output is absent or holds
+// only certificate requests: a request can be made again and is replaced
+// without asking, but a key or certificate at that path (a mistyped
+// --out, or --out naming the file key itself) must never be.
+func replaceableRequest(t Target) error {
+	return replaceable(t, "a certificate request", isPEMRequest)
+}
+
+// replaceable checks that t is absent or holds what is (a file the
+// operation may replace without an explicit flag).
+func replaceable(t Target, what string, is func([]byte) bool) error {
+	b, err := readOptional(t.Dir, t.Name)
+	if err != nil || b == nil || is(b) {
+		return err
+	}
+	return fmt.Errorf("refusing to replace %s: it exists and is not %s (%w); give --out a new file", t.Dir.Path(t.Name), what, fs.ErrExist)
+}
+
+// isPEMRequest reports whether b is PEM certificate requests only.
+func isPEMRequest(b []byte) bool {
+	for {
+		var block *pem.Block
+		block, b = pem.Decode(b)
+		if block == nil || block.Type != "CERTIFICATE REQUEST" && block.Type != "NEW CERTIFICATE REQUEST" {
+			return false
+		}
+		if len(bytes.TrimSpace(b)) == 0 {
+			return true
+		}
+	}
 }
 
 // planIntermediateRequest is the request's output and receipt content.

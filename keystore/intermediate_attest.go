@@ -12,6 +12,7 @@ import (
 	"fmt"
 
 	"github.com/steward-trustd/steward-trustd/internal/attestation"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -39,6 +40,9 @@ type IntermediateAttestOptions struct {
 // with SHA-256 of the CSR as qualifying data.
 func (c *Ceremony) IntermediateAttest(ctx context.Context, d Dir, o IntermediateAttestOptions) (*Outcome, error) {
 	csr, err := pki.ParseCSR(o.CSR, 0)
+	if err == nil {
+		err = replaceable(o.Out, "an attested request", func(b []byte) bool { _, err := attestation.ParseRequest(b); return err == nil })
+	}
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request --attest: %w", err)
 	}
@@ -178,5 +182,32 @@ func (c *Ceremony) openSealedIntermediate(ctx context.Context, o IntermediateIns
 	if !pki.KeyMatchesCert(key.Public(), certs[0]) {
 		return nil, signer.Description{}, &attestation.CheckError{Check: attestation.CheckKeyMatch, Err: errors.New("the certificate is not for the key at --signer")}
 	}
+	if err := checkInstalledIssuer(o.Out.Dir, certs, key, c); err != nil {
+		return nil, signer.Description{}, err
+	}
 	return certs[0], key.Describe(), nil
+}
+
+// checkInstalledIssuer applies the daemon's issuer.crt checks before
+// install writes it, as intermediate sign and rotate --intermediate
+// --finish do: pki.CheckIssuerChain against os-ca.crt and
+// accepted-cas.crt when the target directory holds them, else the
+// profile of the certificate itself (a ServerAuth-only CA).
+func checkInstalledIssuer(d Dir, certs []*x509.Certificate, key signer.Signer, c *Ceremony) error {
+	caPEM, err := readOptional(d, certdir.FileCACert)
+	if err != nil || caPEM == nil {
+		return errors.Join(err, pki.CheckServerAuthCA(certs[0]))
+	}
+	acceptedPEM, err := readOptional(d, certdir.FileAcceptedCAs)
+	if err != nil {
+		return err
+	}
+	_, roots, err := certdir.ParseBundle(caPEM, acceptedPEM)
+	if err != nil {
+		return fmt.Errorf("%s: %w", d.Path(""), err)
+	}
+	if err := pki.CheckIssuerChain(certs, roots, key.Public(), c.now()); err != nil {
+		return fmt.Errorf("%s would be refused by the daemon: %w", d.Path(certdir.FileIssuerChain), err)
+	}
+	return nil
 }

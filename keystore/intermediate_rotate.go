@@ -24,6 +24,9 @@ const opIntermediateRotateFinish = "intermediate.rotate.finish"
 // intermediate verify throughout. Finish with IntermediateRotateFinish.
 func (c *Ceremony) IntermediateRotate(ctx context.Context, d Dir, o IntermediateRequestOptions) (*Outcome, error) {
 	o.Out = Target{Dir: d, Name: certdir.FileNextIssuerCSR}
+	if err := c.refuseCurrentIssuerKey(ctx, d, o.SignerURI); err != nil {
+		return nil, fmt.Errorf("rotate --intermediate: %w", err)
+	}
 	out, err := c.IntermediateRequest(ctx, d, o)
 	if err != nil {
 		return nil, fmt.Errorf("rotate --intermediate: %w", err)
@@ -33,6 +36,31 @@ func (c *Ceremony) IntermediateRotate(ctx context.Context, d Dir, o Intermediate
 		"then: steward-trustd-ceremony rotate --intermediate --finish --new-signer URI --out " + d.Path(""),
 	}
 	return out, nil
+}
+
+// refuseCurrentIssuerKey refuses a rotation to the key that d's
+// issuer.crt already certifies, as Rotate refuses the current CA's key:
+// that key would be "rotated" to itself, and kept past the rotation that
+// was meant to retire it. A key not there yet, or an issuer.crt that
+// does not parse (a rotation is its remedy), is no reason to refuse.
+func (c *Ceremony) refuseCurrentIssuerKey(ctx context.Context, d Dir, uri string) error {
+	b, err := readOptional(d, certdir.FileIssuerChain)
+	if err != nil || b == nil {
+		return err
+	}
+	chain, err := pki.ParseCertificates(b)
+	if err != nil || len(chain) == 0 {
+		return nil
+	}
+	s, err := c.Keys.Open(ctx, uri)
+	if err != nil {
+		return nil // IntermediateRequest creates it, or reports why not
+	}
+	defer s.Close()
+	if pki.KeyMatchesCert(s.Public(), chain[0]) {
+		return fmt.Errorf("%w: the key at --new-signer is the current intermediate's (%s); a rotation needs a new key location", signer.ErrKeyExists, d.Path(certdir.FileIssuerChain))
+	}
+	return nil
 }
 
 // IntermediateRotateFinish finishes an intermediate rotation in d:

@@ -138,7 +138,18 @@ func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
+	out.Notes = append(out.Notes, clientCANotes(o.CA)...)
 	return cert, out, nil
+}
+
+// clientCANotes warns when the issuing CA cannot vouch for talosctl
+// certificates (a tiered setup's ServerAuth-only intermediate): Go checks
+// EKU down the whole chain, so apid refuses them.
+func clientCANotes(ca *x509.Certificate) []string {
+	if err := pki.CheckClientCA(ca); err != nil {
+		return []string{"warning: " + err.Error() + "; issue talosctl certificates with the root (os-ca.crt) and its key"}
+	}
+	return nil
 }
 
 // TalosconfigOptions configures Talosconfig.
@@ -216,6 +227,7 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
 	}
+	out.Notes = append(out.Notes, clientCANotes(o.CA)...)
 	return out, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strconv"
 	"strings"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
@@ -33,8 +34,8 @@ type state struct {
 	accepted []*x509.Certificate
 	// token is the trimmed token file.
 	token string
-	// receipts are the receipts, oldest first; receiptNames counts the
-	// files under certdir.DirReceipts (receipt sequence numbers follow it).
+	// receipts are the receipts, oldest first; receiptNames is the highest
+	// sequence number of a receipt file (the next receipt's follows it).
 	receipts     []Receipt
 	receiptNames int
 	// intents are the outstanding key intent records, by operation.
@@ -62,7 +63,7 @@ func readState(d Dir) (*state, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list receipts: %w", err)
 	}
-	st.receiptNames = len(names)
+	st.receiptNames = lastSequence(names)
 	if st.receipts, err = ReadReceipts(d); err != nil {
 		return nil, err
 	}
@@ -76,6 +77,21 @@ func readState(d Dir) (*state, error) {
 		}
 	}
 	return st, nil
+}
+
+// lastSequence is the highest sequence number among the receipt file
+// names. Not a count of the files: intent records live in the same
+// directory and disappear, and a count would then hand out a number
+// already taken.
+func lastSequence(names []string) int {
+	last := 0
+	for _, n := range names {
+		seq, _, ok := strings.Cut(n, "-")
+		if v, err := strconv.Atoi(seq); ok && strings.HasSuffix(n, ".json") && err == nil && v > last {
+			last = v
+		}
+	}
+	return last
 }
 
 // parse decodes the certificates and the token of st.files.

@@ -80,7 +80,7 @@ func certStatus(c *x509.Certificate, pub crypto.PublicKey, now time.Time) CAStat
 
 // addCerts describes ca and the issuer chain against the key pub, and
 // checks the chain as the daemon would.
-func (st *Status) addCerts(ca *x509.Certificate, chain []*x509.Certificate, pub crypto.PublicKey, now time.Time) {
+func (st *Status) addCerts(ca *x509.Certificate, accepted, chain []*x509.Certificate, pub crypto.PublicKey, now time.Time) {
 	if ca != nil {
 		cs := certStatus(ca, pub, now)
 		st.CA = &cs
@@ -89,7 +89,8 @@ func (st *Status) addCerts(ca *x509.Certificate, chain []*x509.Certificate, pub 
 		st.Chain = append(st.Chain, certStatus(ic, pub, now))
 	}
 	if len(chain) > 0 && ca != nil {
-		if err := pki.CheckIssuerChain(chain, []*x509.Certificate{ca}, pub, now); err != nil {
+		roots := append([]*x509.Certificate{ca}, accepted...)
+		if err := pki.CheckIssuerChain(chain, roots, pub, now); err != nil {
 			st.ChainError = err.Error()
 		}
 	}
@@ -102,8 +103,17 @@ type policyReporter interface {
 
 // Status opens the key at uri (it does not sign) and reports on it, on ca
 // if given, on the issuer chain if given (tiered setup), and on the
-// receipts in d (nil d lists none).
+// receipts in d (nil d lists none). It is StatusAccepting without
+// accepted CAs.
 func (c *Ceremony) Status(ctx context.Context, uri string, ca *x509.Certificate, d Dir, chain ...*x509.Certificate) (*Status, error) {
+	return c.StatusAccepting(ctx, uri, ca, nil, d, chain...)
+}
+
+// StatusAccepting is Status with the cert dir's accepted CAs
+// (accepted-cas.crt): the issuer chain is checked against ca and them,
+// as the daemon checks it (an intermediate from the previous root
+// verifies to accepted-cas.crt after a root rotation).
+func (c *Ceremony) StatusAccepting(ctx context.Context, uri string, ca *x509.Certificate, accepted []*x509.Certificate, d Dir, chain ...*x509.Certificate) (*Status, error) {
 	s, err := c.Keys.Open(ctx, uri)
 	if err != nil {
 		return nil, fmt.Errorf("status: open key: %w", err)
@@ -124,7 +134,7 @@ func (c *Ceremony) Status(ctx context.Context, uri string, ca *x509.Certificate,
 			return nil, fmt.Errorf("status: signed policy: %w", err)
 		}
 	}
-	st.addCerts(ca, chain, s.Public(), c.now())
+	st.addCerts(ca, accepted, chain, s.Public(), c.now())
 	if d != nil {
 		rs, err := ReadReceipts(d)
 		if err != nil {

@@ -154,3 +154,44 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("status text (%d):\n%s", code, stdout)
 	}
 }
+
+// TestStatusAcceptedCAs: status checks issuer.crt against os-ca.crt and
+// accepted-cas.crt, as the daemon does, so an intermediate from the
+// previous root (kept in accepted-cas.crt after a root rotation) is not
+// reported as refused.
+func TestStatusAcceptedCAs(t *testing.T) {
+	dir := t.TempDir()
+	for _, r := range []string{"old", "new"} {
+		if code, _, stderr := runCmd(t, "init", "--signer", "file:"+filepath.Join(dir, r+".key"), "--cluster", "c", "--out", filepath.Join(dir, r)); code != cli.ExitOK {
+			t.Fatalf("init %s: %s", r, stderr)
+		}
+	}
+	node := filepath.Join(dir, "node")
+	nodeKey := "file:" + filepath.Join(dir, "node.key")
+	if code, _, stderr := runCmd(t, "intermediate", "request", "--signer", nodeKey, "--name", "n", "--out", filepath.Join(node, "n.csr")); code != cli.ExitOK {
+		t.Fatalf("request: %s", stderr)
+	}
+	if code, _, stderr := runCmd(t, "intermediate", "sign", "--signer", "file:"+filepath.Join(dir, "old.key"), "--ca", filepath.Join(dir, "old", "os-ca.crt"),
+		"--csr", filepath.Join(node, "n.csr"), "--out", filepath.Join(node, "issuer.crt")); code != cli.ExitOK {
+		t.Fatalf("sign: %s", stderr)
+	}
+	copyFile(t, filepath.Join(dir, "new", "os-ca.crt"), filepath.Join(node, "os-ca.crt"))
+	if code, _, _ := runCmd(t, "status", "--signer", nodeKey, "--ca", filepath.Join(node, "os-ca.crt")); code != cli.ExitFailed {
+		t.Errorf("status of an intermediate under a root the cert dir does not trust: exit %d", code)
+	}
+	copyFile(t, filepath.Join(dir, "old", "os-ca.crt"), filepath.Join(node, "accepted-cas.crt"))
+	if code, stdout, stderr := runCmd(t, "status", "--signer", nodeKey, "--ca", filepath.Join(node, "os-ca.crt")); code != cli.ExitOK {
+		t.Errorf("status of an intermediate under a root in accepted-cas.crt: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err == nil {
+		err = os.WriteFile(to, b, 0o644)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}

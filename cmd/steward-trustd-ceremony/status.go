@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 )
@@ -31,15 +33,33 @@ func (f statusFlags) chain() ([]*x509.Certificate, error) {
 	if path == "" {
 		return nil, nil
 	}
+	return readCerts(path, "issuer chain")
+}
+
+// readCerts reads a PEM certificate file; what names it in errors.
+func readCerts(path, what string) ([]*x509.Certificate, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read issuer chain: %w", err)
+		return nil, fmt.Errorf("read %s: %w", what, err)
 	}
-	chain, err := pki.ParseCertificates(data)
+	certs, err := pki.ParseCertificates(data)
 	if err != nil {
-		return nil, fmt.Errorf("issuer chain %s: %w", path, err)
+		return nil, fmt.Errorf("%s %s: %w", what, path, err)
 	}
-	return chain, nil
+	return certs, nil
+}
+
+// accepted reads accepted-cas.crt next to --ca when present: the daemon
+// verifies issuer.crt to os-ca.crt and those CAs.
+func (f statusFlags) accepted() ([]*x509.Certificate, error) {
+	if f.ca == "" {
+		return nil, nil
+	}
+	path := filepath.Join(filepath.Dir(f.ca), certdir.FileAcceptedCAs)
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	return readCerts(path, "accepted CAs")
 }
 
 // inputs reads --ca and the receipts directory (--dir, default the
@@ -86,7 +106,11 @@ func statusCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, err := cer.Status(cmd.Context(), f.signer, ca, d, chain...)
+			accepted, err := f.accepted()
+			if err != nil {
+				return err
+			}
+			st, err := cer.StatusAccepting(cmd.Context(), f.signer, ca, accepted, d, chain...)
 			if err != nil {
 				return err
 			}
@@ -95,7 +119,7 @@ func statusCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	}
 	fs := c.Flags()
 	fs.StringVar(&f.signer, "signer", "", "CA key URI")
-	fs.StringVar(&f.ca, "ca", "", "CA certificate to check against the key (the root, in the tiered setup)")
+	fs.StringVar(&f.ca, "ca", "", "CA certificate to check against the key (the root, in the tiered setup); accepted-cas.crt next to it counts as the daemon counts it")
 	fs.StringVar(&f.issuer, "issuer", "", "tiered setup: the node's issuer.crt to check against the key and --ca (default: issuer.crt next to --ca, if present)")
 	fs.StringVar(&f.dir, "dir", "", "ceremony directory whose receipts to list (default: the directory of --ca)")
 	fs.StringVarP(&f.output, "output", "o", "text", "text or json")
