@@ -117,11 +117,11 @@ func startDaemon(t *testing.T, certDir, signerURI string, env ...string) *daemon
 		append([]string{"TRUSTD_CERT_DIR=" + certDir, "TRUSTD_SIGNER=" + signerURI}, env...)...)
 }
 
-// workerCertificate asks the daemon for a certificate exactly as a worker
-// does (TLS verified against the worker config's CAs, token metadata) and
-// returns the `ca` bundle and a serving certificate for 127.0.0.1 that an
-// apid-like server can use.
-func workerCertificate(t *testing.T, addr string, wc *doctor.WorkerConfig) ([]*x509.Certificate, tls.Certificate) {
+// workerRequest asks the daemon for a certificate exactly as a worker
+// does (TLS verified against the worker config's CAs, token metadata, a
+// fresh P-256 key and CSR for 127.0.0.1) and returns the answer and the
+// key.
+func workerRequest(t *testing.T, addr string, wc *doctor.WorkerConfig) (*securityapi.CertificateResponse, *ecdsa.PrivateKey, error) {
 	t.Helper()
 	roots := x509.NewCertPool()
 	roots.AddCert(wc.CA)
@@ -146,6 +146,15 @@ func workerCertificate(t *testing.T, addr string, wc *doctor.WorkerConfig) ([]*x
 	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "token", wc.Token), 30*time.Second)
 	defer cancel()
 	resp, err := securityapi.NewSecurityServiceClient(cc).Certificate(ctx, &securityapi.CertificateRequest{Csr: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})})
+	return resp, key, err
+}
+
+// workerCertificate is workerRequest that must succeed: it returns the
+// `ca` bundle and a serving certificate for 127.0.0.1 that an apid-like
+// server can use.
+func workerCertificate(t *testing.T, addr string, wc *doctor.WorkerConfig) ([]*x509.Certificate, tls.Certificate) {
+	t.Helper()
+	resp, key, err := workerRequest(t, addr, wc)
 	if err != nil {
 		t.Fatalf("worker certificate request: %v", err)
 	}

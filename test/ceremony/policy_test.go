@@ -1,18 +1,14 @@
 package ceremony_test
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,11 +16,7 @@ import (
 	"testing"
 	"time"
 
-	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
@@ -58,26 +50,7 @@ func writeAuthority(t *testing.T, dir, name string) string {
 // gRPC code (OK on success).
 func requestCode(t *testing.T, addr string, wc *doctor.WorkerConfig) codes.Code {
 	t.Helper()
-	roots := x509.NewCertPool()
-	roots.AddCert(wc.CA)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-		Subject: pkix.Name{CommonName: "worker", Organization: []string{"os:server"}}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-	}, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "token", wc.Token), 20*time.Second)
-	defer cancel()
-	_, err = securityapi.NewSecurityServiceClient(cc).Certificate(ctx, &securityapi.CertificateRequest{Csr: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})})
+	_, _, err := workerRequest(t, addr, wc)
 	return grpcstatus.Code(err)
 }
 
