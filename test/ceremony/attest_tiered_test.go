@@ -10,6 +10,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/internal/attestation"
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
@@ -62,7 +63,7 @@ func TestAttestedEnrolment(t *testing.T) {
 		{"imported key presented as attested", tamperRequest(t, n, func(r *attestation.Request) {
 			r.Evidence.KeyPublic[7] &^= 0x32 /* fixedTPM|fixedParent|sensitiveDataOrigin, as an imported key has */
 		}), "certified-name", []string{"--ek-roots", n.ekRoots}},
-		{"wrong policy", n.req, "key-policy", []string{"--ek-roots", n.ekRoots, "--policy-authority", writeAuthority(t, n.dir, "authority")}},
+		{"wrong policy", n.req, "key-policy", []string{"--ek-roots", n.ekRoots, "--policy-authority", devtest.FileKey(t, n.dir, "authority")}},
 	}
 	sealed := filepath.Join(n.dir, "issuer.sealed.json")
 	for _, tc := range refusals {

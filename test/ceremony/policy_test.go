@@ -1,12 +1,7 @@
 package ceremony_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,25 +21,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
-
-// writeAuthority writes a P-256 policy authority key file and returns its
-// file: URI.
-func writeAuthority(t *testing.T, dir, name string) string {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKCS8PrivateKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, name+".key")
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return "file:" + path
-}
 
 // requestCode asks the daemon for a worker certificate and returns the
 // gRPC code (OK on success).
@@ -99,7 +75,7 @@ func newSignedPolicySetup(t *testing.T) *signedPolicySetup {
 	if err := os.Mkdir(offline, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	s.primary, s.breakGlass, s.other = writeAuthority(t, offline, "primary"), writeAuthority(t, offline, "break-glass"), writeAuthority(t, offline, "foreign")
+	s.primary, s.breakGlass, s.other = devtest.FileKey(t, offline, "primary"), devtest.FileKey(t, offline, "break-glass"), devtest.FileKey(t, offline, "foreign")
 	s.dir = filepath.Join(s.root, "ceremony")
 	r := mustCeremony(t, nil, "init", "--signer", s.uri, "--policy-authority", s.primary+","+s.breakGlass, "--cluster", "signed", "--out", s.dir)
 	if !strings.Contains(r.stdout, "initial-") {
@@ -220,7 +196,7 @@ func TestSignedPolicyQuoteRefusals(t *testing.T) {
 	requireScheme(t, "tpm")
 	sw, other := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{}), tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
 	root := t.TempDir()
-	auth := writeAuthority(t, root, "auth")
+	auth := devtest.FileKey(t, root, "auth")
 	uri := func(s *tpmsim.Swtpm) string { return "tpm:path=/unused/ca.tpmkey;" + s.URIAttrs() }
 	ak, otherAK, quote := filepath.Join(root, "ak.pem"), filepath.Join(root, "other-ak.pem"), filepath.Join(root, "q.json")
 	mustCeremony(t, nil, "policy", "quote", "--signer", uri(sw), "--ak-out", ak)
@@ -262,7 +238,7 @@ func TestMigrateToSignedPolicy(t *testing.T) {
 	dir := filepath.Join(root, "ceremony")
 	old := "tpm:path=" + filepath.Join(root, "old.tpmkey") + ";" + sw.URIAttrs()
 	mustCeremony(t, nil, "init", "--signer", old, "--pcrs", "7", "--cluster", "m", "--out", dir)
-	auth := writeAuthority(t, root, "authority")
+	auth := devtest.FileKey(t, root, "authority")
 	next := "tpm:path=" + filepath.Join(root, "new.tpmkey") + ";" + sw.URIAttrs() + ";approvals=" + filepath.Join(root, "approvals")
 	mustCeremony(t, nil, "rotate", "--new-signer", next, "--policy-authority", auth, "--out", dir)
 	if r := ceremony(t, nil, "rotate", "--finish", "--new-signer", next, "--policy-authority", auth, "--out", dir); r.code != 2 {

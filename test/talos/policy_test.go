@@ -1,13 +1,7 @@
 package talos
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	stdx509 "crypto/x509"
-	"encoding/pem"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,25 +13,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
-
-// authorityKey writes a P-256 policy authority key file (an offline
-// machine's key) and returns its file: URI.
-func authorityKey(t *testing.T, dir, name string) string {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := stdx509.MarshalPKCS8PrivateKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, name+".key")
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return "file:" + path
-}
 
 // TestTPMSignedPolicyTalosWorker: Talos's worker client through a
 // firmware update on a CA key under a policy authority. The key signs in
@@ -51,7 +26,7 @@ func TestTPMSignedPolicyTalosWorker(t *testing.T) {
 	root := t.TempDir()
 	approvals := filepath.Join(root, "approvals")
 	uri := "tpm:path=" + filepath.Join(root, "os-ca.tpmkey") + ";" + sw.URIAttrs() + ";approvals=" + approvals
-	auth, foreign := authorityKey(t, root, "authority"), authorityKey(t, root, "foreign")
+	auth, foreign := devtest.FileKey(t, root, "authority"), devtest.FileKey(t, root, "foreign")
 	out := filepath.Join(root, "ceremony")
 	ceremony(t, nil, "init", "--signer", uri, "--policy-authority", auth, "--cluster", "e2e", "--out", out)
 	health := fmt.Sprintf("127.0.0.1:%d", freePort(t))
