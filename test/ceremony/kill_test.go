@@ -93,27 +93,40 @@ func TestKilledAtEveryStep(t *testing.T) {
 				t.Fatal(err)
 			}
 			args := sc.prepare(t, tmpl)
-			steps := crashTrace(t, tmpl, args)
-			if len(steps) < 5 {
-				t.Fatalf("only %d crash points traced: %v", len(steps), steps)
-			}
-			for i, step := range steps {
-				root := copyTree(t, tmpl)
-				a := rebase(args, tmpl, root)
-				if r, killed, _ := crashRun(t, root, i+1, a); !killed {
-					t.Fatalf("step %d (%s): not killed: %s", i+1, step, r)
-				}
-				if r := ceremony(t, nil, a...); r.code != 0 {
-					t.Fatalf("killed at step %d (%s), the re-run failed: %s", i+1, step, r)
-				}
+			steps := killAtEveryStep(t, tmpl, args, 5, func(root string, a []string, step string) {
 				checkAfterKill(t, root, sc, step)
 				if r := ceremony(t, nil, a...); r.code != 0 || !strings.Contains(r.stdout, "already completed") {
-					t.Errorf("killed at step %d (%s): a third run did not find the operation complete: %s", i+1, step, r)
+					t.Errorf("killed at step %s: a third run did not find the operation complete: %s", step, r)
 				}
-			}
+			})
 			t.Logf("%s: killed at each of %d steps, every re-run completed", sc.name, len(steps))
 		})
 	}
+}
+
+// killAtEveryStep traces the crash points of the ceremony command args
+// run on tmpl (at least minSteps), then for each step runs it on a fresh
+// copy of tmpl killed at that step, re-runs it to completion and calls
+// check with the copy, the rebased arguments and the step. It returns the
+// steps.
+func killAtEveryStep(t *testing.T, tmpl string, args []string, minSteps int, check func(root string, a []string, step string)) []string {
+	t.Helper()
+	steps := crashTrace(t, tmpl, args)
+	if len(steps) < minSteps {
+		t.Fatalf("only %d crash points traced: %v", len(steps), steps)
+	}
+	for i, step := range steps {
+		root := copyTree(t, tmpl)
+		a := rebase(args, tmpl, root)
+		if r, killed, _ := crashRun(t, root, i+1, a); !killed {
+			t.Fatalf("step %d (%s): not killed: %s", i+1, step, r)
+		}
+		if r := ceremony(t, nil, a...); r.code != 0 {
+			t.Fatalf("killed at step %d (%s), the re-run failed: %s", i+1, step, r)
+		}
+		check(root, a, step)
+	}
+	return steps
 }
 
 // TestKilledAtRandom kills init at random moments, several times in a

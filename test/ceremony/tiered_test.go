@@ -279,21 +279,9 @@ func TestIntermediateRequestKilledAtEveryStep(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := []string{"intermediate", "request", "--signer", fileKey(tmpl, "node"), "--name", "node-a", "--out", filepath.Join(tmpl, "out", "node.csr")}
-	steps := crashTrace(t, tmpl, args)
-	if len(steps) < 4 {
-		t.Fatalf("only %d crash points traced: %v", len(steps), steps)
-	}
-	for i, step := range steps {
-		root := copyTree(t, tmpl)
-		a := rebase(args, tmpl, root)
-		if r, killed, _ := crashRun(t, root, i+1, a); !killed {
-			t.Fatalf("step %d (%s): not killed: %s", i+1, step, r)
-		}
-		if r := ceremony(t, nil, a...); r.code != 0 {
-			t.Fatalf("killed at step %d (%s), the re-run failed: %s", i+1, step, r)
-		}
+	steps := killAtEveryStep(t, tmpl, args, 4, func(root string, _ []string, step string) {
 		checkRequestAfterKill(t, root, step)
-	}
+	})
 	t.Logf("killed at each of %d steps (%s), every re-run completed with the first run's key", len(steps), strings.Join(steps, ", "))
 }
 
