@@ -145,23 +145,6 @@ func readOptional(d Dir, name string) ([]byte, error) {
 	return b, nil
 }
 
-func dedupe(certs []*x509.Certificate) []*x509.Certificate {
-	var out []*x509.Certificate
-	for _, c := range certs {
-		dup := false
-		for _, o := range out {
-			if bytes.Equal(o.Raw, c.Raw) {
-				dup = true
-				break
-			}
-		}
-		if !dup {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 func without(certs []*x509.Certificate, drop ...*x509.Certificate) []*x509.Certificate {
 	var out []*x509.Certificate
 	for _, c := range certs {

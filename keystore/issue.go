@@ -239,7 +239,7 @@ func talosconfigFile(o TalosconfigOptions, cert *x509.Certificate, keyPEM []byte
 	if len(trust) == 0 {
 		trust = []*x509.Certificate{o.CA}
 	}
-	cfg := clientconfig.NewConfig(o.Context, o.Endpoints, pki.EncodeCertificates(dedupe(trust)...),
+	cfg := clientconfig.NewConfig(o.Context, o.Endpoints, pki.EncodeCertificates(certdir.Unique(trust...)...),
 		&talosx509.PEMEncodedCertificateAndKey{Crt: pki.EncodeCertificates(cert), Key: keyPEM})
 	nodes := o.Nodes
 	if len(nodes) == 0 {

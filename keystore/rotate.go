@@ -112,7 +112,7 @@ func planRotate(st *state, key signer.Description, resumed []string, next *x509.
 	if st.next != nil {
 		p.resumed = append(p.resumed, st.dir.Path(certdir.FileNextCACert)+" was already issued")
 	}
-	accepted := dedupe(append(without(st.accepted, cur), next))
+	accepted := certdir.Unique(append(without(st.accepted, cur), next)...)
 	files, err := clusterFiles(secretCluster(cur), cur, accepted, token, st.serverFiles())
 	if err != nil {
 		return nil, err

@@ -14,8 +14,13 @@ import (
 // apid uses as its client-CA pool: ca first, then the accepted CAs, each
 // certificate once.
 func TrustBundle(ca *x509.Certificate, accepted ...*x509.Certificate) []*x509.Certificate {
-	out := []*x509.Certificate{ca}
-	for _, c := range accepted {
+	return Unique(append([]*x509.Certificate{ca}, accepted...)...)
+}
+
+// Unique returns certs in order, each certificate (by its DER) once.
+func Unique(certs ...*x509.Certificate) []*x509.Certificate {
+	var out []*x509.Certificate
+	for _, c := range certs {
 		if !contains(out, c) {
 			out = append(out, c)
 		}
