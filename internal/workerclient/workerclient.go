@@ -163,17 +163,21 @@ func Request(ctx context.Context, cc *grpc.ClientConn, token string, csr []byte)
 }
 
 // Check parses a response's crt and ca and verifies that crt chains to ca
-// for ServerAuth.
+// for ServerAuth. crt is the leaf, followed in the tiered setup by the
+// issuer chain (apid serves it whole, and talosctl builds the path to the
+// root through it), so the certificates after the first are used as
+// intermediates.
 func Check(crtPEM, caPEM []byte) (*Response, error) {
-	crt, err := pki.ParseCertificate(crtPEM)
+	chain, err := pki.ParseCertificates(crtPEM)
 	if err != nil {
 		return nil, &ResponseError{Part: PartCert, Err: err}
 	}
+	crt := chain[0]
 	bundle, err := pki.ParseCertificates(caPEM)
 	if err != nil {
 		return nil, &ResponseError{Part: PartCA, Err: err}
 	}
-	opts := x509.VerifyOptions{Roots: Roots(bundle...), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	opts := x509.VerifyOptions{Roots: Roots(bundle...), Intermediates: Roots(chain[1:]...), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	if _, err := crt.Verify(opts); err != nil {
 		return nil, &ResponseError{Part: PartChain, Err: err}
 	}

@@ -2,6 +2,7 @@ package workerclient
 
 import (
 	"bytes"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
@@ -59,21 +60,25 @@ func TestCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	crt, bundle := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Raw}), pki.EncodeCertificates(ca)
+	crt, bundle := pemDER(leaf.Raw), pki.EncodeCertificates(ca)
+	tiered, tieredLeaf := tieredResponse(t, ca, caKey, now)
 	tests := []struct {
 		name     string
 		crt, ca  []byte
 		wantPart Part
+		wantLeaf []byte
 	}{
-		{"good", crt, bundle, ""},
-		{"no crt", nil, bundle, PartCert},
-		{"bad ca", crt, []byte("junk"), PartCA},
-		{"other CA", crt, pki.EncodeCertificates(other), PartChain},
+		{"good", crt, bundle, "", leaf.Raw},
+		{"tiered: leaf + intermediate under the root", tiered, bundle, "", tieredLeaf},
+		{"tiered without the intermediate", tiered[:len(pemDER(tieredLeaf))], bundle, PartChain, nil},
+		{"no crt", nil, bundle, PartCert, nil},
+		{"bad ca", crt, []byte("junk"), PartCA, nil},
+		{"other CA", crt, pki.EncodeCertificates(other), PartChain, nil},
 	}
 	for _, tt := range tests {
 		resp, err := Check(tt.crt, tt.ca)
 		if tt.wantPart == "" {
-			if err != nil || !bytes.Equal(resp.Cert.Raw, leaf.Raw) || len(resp.Bundle) != 1 {
+			if err != nil || !bytes.Equal(resp.Cert.Raw, tt.wantLeaf) || len(resp.Bundle) != 1 {
 				t.Errorf("%s: %v", tt.name, err)
 			}
 			continue
@@ -83,4 +88,25 @@ func TestCheck(t *testing.T) {
 			t.Errorf("%s: err = %v, want a ResponseError about %s", tt.name, err, tt.wantPart)
 		}
 	}
+}
+
+func pemDER(der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// tieredResponse is the `crt` of a tiered daemon: a worker certificate
+// issued by an intermediate of root, followed by that intermediate.
+func tieredResponse(t *testing.T, root *x509.Certificate, rootKey crypto.Signer, now time.Time) (crt, leafDER []byte) {
+	t.Helper()
+	interKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	inter, err := pki.NewIntermediateCertificate(root, rootKey, interKey.Public(), pki.IntermediateOptions{Subject: pkix.Name{CommonName: "node-a"}}, now, rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf, err := pki.NewWorkerCertificate(inter, interKey, pki.WorkerRequest{DNSNames: []string{"w"}, PublicKey: leafKey.Public()}, time.Hour, now, rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(pemDER(leaf.Raw), pki.EncodeCertificates(inter)...), leaf.Raw
 }
