@@ -6,6 +6,7 @@ package ceremony_test
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -23,15 +24,10 @@ import (
 	"testing"
 	"time"
 
-	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
-
 	"github.com/steward-trustd/steward-trustd/internal/apidtest"
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/internal/doctor"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
+	"github.com/steward-trustd/steward-trustd/internal/workerclient"
 )
 
 // binDir holds the binaries built once by TestMain.
@@ -118,34 +114,25 @@ func startDaemon(t *testing.T, certDir, signerURI string, env ...string) *daemon
 }
 
 // workerRequest asks the daemon for a certificate exactly as a worker
-// does (TLS verified against the worker config's CAs, token metadata, a
-// fresh P-256 key and CSR for 127.0.0.1) and returns the answer and the
-// key.
-func workerRequest(t *testing.T, addr string, wc *doctor.WorkerConfig) (*securityapi.CertificateResponse, *ecdsa.PrivateKey, error) {
+// does (internal/workerclient: TLS verified against the worker config's
+// CAs, token metadata, a fresh P-256 key and CSR for 127.0.0.1) and
+// returns the checked answer and the key.
+func workerRequest(t *testing.T, addr string, wc *doctor.WorkerConfig) (*workerclient.Response, crypto.Signer, error) {
 	t.Helper()
-	roots := x509.NewCertPool()
-	roots.AddCert(wc.CA)
-	for _, c := range wc.AcceptedCAs {
-		roots.AddCert(c)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+	key, csr, err := workerclient.NewCSR(rand.Reader, workerclient.KeyP256, &x509.CertificateRequest{
 		Subject: pkix.Name{CommonName: "worker", Organization: []string{"os:server"}}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-	}, key)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12})))
+	cc, err := workerclient.Dial(addr, workerclient.TLSConfig(workerclient.Roots(append([]*x509.Certificate{wc.CA}, wc.AcceptedCAs...)...), "127.0.0.1"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "token", wc.Token), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := securityapi.NewSecurityServiceClient(cc).Certificate(ctx, &securityapi.CertificateRequest{Csr: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})})
+	resp, err := workerclient.Request(ctx, cc, wc.Token, csr)
 	return resp, key, err
 }
 
@@ -158,17 +145,13 @@ func workerCertificate(t *testing.T, addr string, wc *doctor.WorkerConfig) ([]*x
 	if err != nil {
 		t.Fatalf("worker certificate request: %v", err)
 	}
-	bundle, err := pki.ParseCertificates(resp.GetCa())
-	if err != nil {
-		t.Fatalf("returned ca: %v", err)
-	}
 	// apid loads `crt` whole with tls.X509KeyPair: the leaf and, in the
 	// tiered setup, the issuer chain after it.
-	serving, err := tls.X509KeyPair(resp.GetCrt(), pemKey(t, key))
+	serving, err := tls.X509KeyPair(resp.CertPEM, pemKey(t, key))
 	if err != nil {
 		t.Fatalf("returned crt: %v", err)
 	}
-	return bundle, serving
+	return resp.Bundle, serving
 }
 
 // apid starts an apid-like server the way a worker runs it after asking
@@ -207,7 +190,7 @@ func readFile(t *testing.T, path string) []byte {
 	return b
 }
 
-func pemKey(t *testing.T, key *ecdsa.PrivateKey) []byte {
+func pemKey(t *testing.T, key crypto.Signer) []byte {
 	t.Helper()
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
