@@ -29,7 +29,13 @@ func deviceLost(err error) bool {
 		// The key object vanished: the token was removed or
 		// re-initialised under us (SoftHSM reports this when its token
 		// directory goes away).
-		p11.CKR_OBJECT_HANDLE_INVALID, p11.CKR_KEY_HANDLE_INVALID:
+		p11.CKR_OBJECT_HANDLE_INVALID, p11.CKR_KEY_HANDLE_INVALID,
+		// "Some horrible, unrecoverable error has occurred ... the token
+		// is in an inconsistent state" (v2.40 §5.1.1): only a new session,
+		// login and, failing those, C_Finalize and C_Initialize can clear
+		// it. tpm2-pkcs11 reports a lost TPM or resource manager this way
+		// and stays broken until it is re-initialised.
+		p11.CKR_GENERAL_ERROR:
 		return true
 	}
 	return false

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/signer/pkcs11/opencryptoki"
@@ -31,6 +33,9 @@ type hsm struct {
 	command   func(name string, args ...string) *exec.Cmd
 	daemonBin string
 	env       []string
+	// fault takes the token away under the running daemon and returns
+	// what brings it back; nil where the module has no such fault.
+	fault func(t *testing.T) (restore func() error)
 }
 
 const matrixToken = "trustd"
@@ -42,7 +47,13 @@ func softhsmHSM(t *testing.T) hsm {
 		t.Fatal(err)
 	}
 	return hsm{module: tok.ModulePath, pin: tok.PIN, pinFile: tok.PINFile, algorithm: "p256",
-		command: envCommand([]string{tok.Env()}), daemonBin: filepath.Join(binDir, "steward-trustd"), env: []string{tok.Env()}}
+		command: envCommand([]string{tok.Env()}), daemonBin: filepath.Join(binDir, "steward-trustd"), env: []string{tok.Env()},
+		fault: func(t *testing.T) func() error {
+			if err := tok.Remove(); err != nil {
+				t.Fatal(err)
+			}
+			return tok.Restore
+		}}
 }
 
 // opencryptokiHSM: Debian 12's opencryptoki 3.8 soft token cannot
@@ -61,7 +72,11 @@ func opencryptokiHSM(t *testing.T) hsm {
 func tpm2HSM(t *testing.T) hsm {
 	tok := tpm2pkcs11.NewTest(t, matrixToken)
 	return hsm{module: tok.ModulePath, pin: tok.PIN, pinFile: tok.PINFile, algorithm: "p256",
-		command: envCommand(tok.Env()), daemonBin: filepath.Join(binDir, "steward-trustd"), env: tok.Env()}
+		command: envCommand(tok.Env()), daemonBin: filepath.Join(binDir, "steward-trustd"), env: tok.Env(),
+		fault: func(*testing.T) func() error {
+			tok.StopResourceManager()
+			return tok.StartResourceManager
+		}}
 }
 
 func envCommand(env []string) func(string, ...string) *exec.Cmd {
@@ -162,7 +177,11 @@ func matrixSuite(t *testing.T, h hsm) {
 	d := startMatrixDaemon(t, h, out, keyURI)
 	t.Run("talos worker", d.talosWorkers)
 	d.Stop(t)
-	t.Run("restart", startMatrixDaemon(t, h, out, keyURI).talosWorkers)
+	d = startMatrixDaemon(t, h, out, keyURI)
+	t.Run("restart", d.talosWorkers)
+	if h.fault != nil {
+		t.Run("recovery", func(t *testing.T) { d.lostAndBack(t, h.fault(t)) })
+	}
 	resumed := h.ceremony(t, "init", "--signer", initURI, "--algorithm", h.algorithm, "--cluster", "e2e", "--out", out)
 	if !strings.Contains(resumed, "earlier run") {
 		t.Fatalf("a second init did not resume the first run's key:\n%s", resumed)
@@ -248,4 +267,30 @@ func TestOpencryptokiNoEC(t *testing.T) {
 		t.Fatalf("intent records left behind: %v", intents)
 	}
 	h.ceremony(t, "init", "--signer", uri, "--algorithm", "rsa3072", "--cluster", "e2e", "--out", out)
+}
+
+// lostAndBack: with the token taken away, d answers Unavailable and turns
+// not ready; after restore it issues again and turns ready, without a
+// restart.
+func (d *deviceDaemon) lostAndBack(t *testing.T, restore func() error) {
+	c := d.client(t)
+	restored := false
+	defer func() {
+		if !restored {
+			_ = restore()
+		}
+	}()
+	eventually(t, 20*time.Second, "Unavailable with the token gone", func() bool { return d.request(c) == codes.Unavailable })
+	eventually(t, 10*time.Second, "readyz 503 with the token gone", func() bool { return get(d.health+"/readyz") == 503 })
+	restored = true
+	if err := restore(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.Logs())
+		}
+	}()
+	eventually(t, 30*time.Second, "issuance after the token returned", func() bool { return d.request(c) == codes.OK })
+	eventually(t, 10*time.Second, "readyz 200 after the token returned", func() bool { return get(d.health+"/readyz") == 200 })
 }

@@ -124,6 +124,12 @@ func (t *Token) start() error {
 	if err := waitFor(func() error { _, err := os.Stat(t.busPath()); return err }); err != nil {
 		return fmt.Errorf("tpm2pkcs11: dbus-daemon did not create its socket: %w", err)
 	}
+	return t.startResourceManager()
+}
+
+// startResourceManager starts tpm2-abrmd on swtpm and waits until it
+// answers.
+func (t *Token) startResourceManager() error {
 	tcti := fmt.Sprintf("--tcti=swtpm:host=127.0.0.1,port=%d", t.port)
 	if err := t.spawn("tpm2-abrmd", "--session", "--allow-root", "--flush-all", tcti); err != nil {
 		return err
@@ -133,6 +139,18 @@ func (t *Token) start() error {
 	}
 	return nil
 }
+
+// StopResourceManager stops tpm2-abrmd, as a crash or a service restart
+// would: every client loses its connection, sessions and objects.
+// StartResourceManager starts it again.
+func (t *Token) StopResourceManager() {
+	n := len(t.procs) - 1
+	stop(t.procs[n])
+	t.procs = t.procs[:n]
+}
+
+// StartResourceManager undoes StopResourceManager.
+func (t *Token) StartResourceManager() error { return t.startResourceManager() }
 
 // startSwtpm starts swtpm on a free pair of loopback ports (the swtpm
 // TCTI wants the control port right after the data port), trying a few
@@ -240,19 +258,23 @@ func (t *Token) spawn(name string, args ...string) error {
 // Close stops tpm2-abrmd, the bus and swtpm, newest first.
 func (t *Token) Close() error {
 	for i := len(t.procs) - 1; i >= 0; i-- {
-		p := t.procs[i]
-		_ = p.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = p.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = p.Process.Kill()
-			<-done
-		}
+		stop(t.procs[i])
 	}
 	t.procs = nil
 	return nil
+}
+
+// stop sends p SIGTERM, and SIGKILL if it is still there 5 s later.
+func stop(p *exec.Cmd) {
+	_ = p.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = p.Process.Kill()
+		<-done
+	}
 }
 
 // waitFor polls ready every 50 ms for up to 15 s.
