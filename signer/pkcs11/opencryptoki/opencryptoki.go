@@ -235,19 +235,12 @@ func isPkcsslotd(pid int) bool {
 // devtest.Required(), and skips it otherwise.
 func NewTest(tb testing.TB, label string) *Token {
 	tb.Helper()
-	if err := Available(); err != nil {
-		if devtest.Required() {
-			tb.Fatalf("opencryptoki is required (CI=true or STEWARD_REQUIRE_DEVICES=1): %v", err)
-		}
-		tb.Skipf("skipping: %v (set STEWARD_REQUIRE_DEVICES=1 to make this a failure)", err)
-	}
+	devtest.NeedAvailable(tb, "opencryptoki", Available())
 	tok, err := New(tb.TempDir(), label)
-	if tok != nil {
-		tb.Cleanup(func() { tok.Close() })
-	}
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(func() { tok.Close() })
 	return tok
 }
 

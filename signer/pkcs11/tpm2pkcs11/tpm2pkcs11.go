@@ -294,12 +294,7 @@ func waitFor(ready func() error) error {
 // devtest.Required(), and skips it otherwise.
 func NewTest(tb testing.TB, label string) *Token {
 	tb.Helper()
-	if err := Available(); err != nil {
-		if devtest.Required() {
-			tb.Fatalf("tpm2-pkcs11 is required (CI=true or STEWARD_REQUIRE_DEVICES=1): %v", err)
-		}
-		tb.Skipf("skipping: %v (set STEWARD_REQUIRE_DEVICES=1 to make this a failure)", err)
-	}
+	devtest.NeedAvailable(tb, "tpm2-pkcs11", Available())
 	// Not tb.TempDir(): the bus socket's path must stay under the 108
 	// bytes of a unix socket address, whatever the test's name.
 	dir, err := os.MkdirTemp("", "tpm2p11")
