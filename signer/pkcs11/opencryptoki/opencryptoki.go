@@ -29,6 +29,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
+	"github.com/steward-trustd/steward-trustd/signer/pkcs11/testtoken"
 )
 
 // ModulePath is Debian's opencryptoki PKCS#11 module (amd64).
@@ -71,16 +72,9 @@ func Available() error {
 // Token is an initialised opencryptoki soft token in its own state
 // directory.
 type Token struct {
-	// Dir holds the configuration, token store, locks and PIN file.
-	Dir string
-	// ModulePath is the module to put in module-path.
-	ModulePath string
-	// Label is the token label (the URI's token=).
-	Label string
-	// SOPIN and PIN are the security officer and user PINs.
-	SOPIN, PIN string
-	// PINFile holds PIN followed by a newline, mode 0600.
-	PINFile string
+	// Fixture's Dir holds the configuration, token store, locks and PIN
+	// file.
+	testtoken.Fixture
 	// Wrapper is an executable that runs its arguments as a command with
 	// this token's opencryptoki (see Command).
 	Wrapper string
@@ -93,8 +87,8 @@ func New(dir, label string) (*Token, error) {
 	if err := Available(); err != nil {
 		return nil, err
 	}
-	t := &Token{Dir: dir, ModulePath: ModulePath, Label: label, SOPIN: DefaultSOPIN, PIN: DefaultPIN,
-		PINFile: filepath.Join(dir, "user.pin"), Wrapper: filepath.Join(dir, "ock-run")}
+	t := &Token{Fixture: testtoken.Fixture{Dir: dir, ModulePath: ModulePath, Label: label, SOPIN: DefaultSOPIN, PIN: DefaultPIN,
+		PINFile: filepath.Join(dir, "user.pin")}, Wrapper: filepath.Join(dir, "ock-run")}
 	if err := t.layout(); err != nil {
 		return nil, err
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
+	"github.com/steward-trustd/steward-trustd/signer/pkcs11/testtoken"
 )
 
 // ModulePath is Debian's tpm2-pkcs11 module (amd64).
@@ -70,17 +71,9 @@ func Available() error {
 // Token is a tpm2-pkcs11 token on its own swtpm, behind its own
 // tpm2-abrmd.
 type Token struct {
-	// Dir holds the TPM state, the tpm2-pkcs11 store, the bus socket and
-	// the PIN file.
-	Dir string
-	// ModulePath is the module to put in module-path.
-	ModulePath string
-	// Label is the token label (the URI's token=).
-	Label string
-	// SOPIN and PIN are the security officer and user PINs.
-	SOPIN, PIN string
-	// PINFile holds PIN followed by a newline, mode 0600.
-	PINFile string
+	// Fixture's Dir holds the TPM state, the tpm2-pkcs11 store, the bus
+	// socket and the PIN file.
+	testtoken.Fixture
 
 	port  int // swtpm data port; the control port is port+1
 	procs []*exec.Cmd
@@ -93,8 +86,8 @@ func New(dir, label string) (*Token, error) {
 	if err := Available(); err != nil {
 		return nil, err
 	}
-	t := &Token{Dir: dir, ModulePath: ModulePath, Label: label, SOPIN: DefaultSOPIN, PIN: DefaultPIN,
-		PINFile: filepath.Join(dir, "user.pin")}
+	t := &Token{Fixture: testtoken.Fixture{Dir: dir, ModulePath: ModulePath, Label: label, SOPIN: DefaultSOPIN, PIN: DefaultPIN,
+		PINFile: filepath.Join(dir, "user.pin")}}
 	if err := t.start(); err != nil {
 		t.Close()
 		return nil, err
