@@ -19,12 +19,14 @@ type keyFlags struct {
 	algorithm   string
 	pcrs        []int
 	authorities []string
+	systemd     bool
 }
 
 func (k *keyFlags) register(cmd *cobra.Command, algUsage, pcrsUsage string) {
 	cmd.Flags().StringVar(&k.algorithm, "algorithm", "p256", algUsage)
 	cli.PCRsVar(cmd.Flags(), &k.pcrs, "pcrs", pcrsUsage)
 	cli.ListVar(cmd.Flags(), &k.authorities, "policy-authority", nil, policyAuthorityUsage)
+	cmd.Flags().BoolVar(&k.systemd, "systemd-compatible", false, systemdCompatibleUsage)
 }
 
 // key parses --algorithm and binds uri to --pcrs (tpm: only).
@@ -33,7 +35,12 @@ func (k *keyFlags) key(uri string) (string, signer.Algorithm, error) {
 	if err != nil {
 		return "", "", err
 	}
-	uri, err = withPCRs(uri, k.pcrs)
+	if uri, err = withPCRs(uri, k.pcrs); err != nil {
+		return "", "", err
+	}
+	if k.systemd {
+		uri, err = withSystemd(uri, k.authorities)
+	}
 	return uri, alg, err
 }
 

@@ -14,6 +14,7 @@ func TestPolicyUsageErrors(t *testing.T) {
 	key := "file:" + filepath.Join(dir, "ca.key")
 	tpmKey := "tpm:path=" + filepath.Join(dir, "ca.tpmkey") + ";socket=/unused"
 	pcr7 := "7=" + strings.Repeat("ab", 32)
+	handle := "tpm:handle=0x81000100;socket=/unused;approvals=" + dir
 	tests := []struct {
 		name string
 		args []string
@@ -23,16 +24,19 @@ func TestPolicyUsageErrors(t *testing.T) {
 		{"init authority without approvals dir", []string{"init", "--signer", tpmKey, "--cluster", "c", "--out", dir, "--policy-authority", key}, "must name its approvals directory"},
 		{"rotate finish with authority", []string{"rotate", "--new-signer", key, "--out", dir, "--finish", "--policy-authority", key}, "--policy-authority applies to starting"},
 		{"approve without authority", []string{"policy", "approve", "--pcr", pcr7, "--out", "x"}, "--authority"},
-		{"approve without a state", []string{"policy", "approve", "--authority", key, "--out", "x"}, "exactly one of --signer, --pcr and --from-quote"},
-		{"approve two states", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--signer", tpmKey, "--out", "x"}, "exactly one"},
-		{"approve short pcr value", []string{"policy", "approve", "--authority", key, "--pcr", "7=abcd", "--out", "x"}, "64 hex digits"},
-		{"approve pcr out of range", []string{"policy", "approve", "--authority", key, "--pcr", "24=" + strings.Repeat("ab", 32), "--out", "x"}, "INDEX=HEX"},
-		{"approve pcr twice", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--pcr", pcr7, "--out", "x"}, "given twice"},
-		{"approve nowhere to write", []string{"policy", "approve", "--authority", key, "--pcr", pcr7}, "--out FILE or --approvals DIR"},
-		{"approve out and approvals", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--out", "x", "--approvals", dir}, "not both"},
-		{"approve nonce without quote", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--nonce", "00", "--out", "x"}, "--from-quote"},
-		{"approve quote without ak", []string{"policy", "approve", "--authority", key, "--from-quote", "q", "--nonce", "00", "--out", "x"}, "--ak"},
-		{"approve bad nonce", []string{"policy", "approve", "--authority", key, "--from-quote", "q", "--ak", "a", "--nonce", "zz", "--out", "x"}, "--nonce must be hex"},
+		{"approve without a key", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--out", "x"}, "--key KEY.tpmkey"},
+		{"approve without a state", []string{"policy", "approve", "--authority", key, "--key", "k.tpmkey", "--out", "x"}, "give the state to approve"},
+		{"approve two states", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--from-quote", "q", "--signer", handle, "--out", "x"}, "at most one"},
+		{"approve resettable pcr", []string{"policy", "approve", "--authority", key, "--signer", handle, "--pcr", "16=" + strings.Repeat("00", 32), "--out", "x"}, "PCR 16 is the debug PCR"},
+		{"approve key of no approvals", []string{"policy", "approve", "--authority", key, "--signer", "tpm:handle=0x81000100;pcrs=16", "--pcr", pcr7, "--out", "x"}, "debug PCR"},
+		{"approve short pcr value", []string{"policy", "approve", "--authority", key, "--signer", handle, "--pcr", "7=abcd", "--out", "x"}, "64 hex digits"},
+		{"approve pcr out of range", []string{"policy", "approve", "--authority", key, "--signer", handle, "--pcr", "24=" + strings.Repeat("ab", 32), "--out", "x"}, "INDEX=HEX"},
+		{"approve pcr twice", []string{"policy", "approve", "--authority", key, "--signer", handle, "--pcr", pcr7, "--pcr", pcr7, "--out", "x"}, "given twice"},
+		{"approve nowhere to write", []string{"policy", "approve", "--authority", key, "--signer", "tpm:handle=0x81000100;socket=/unused", "--pcr", pcr7}, "--out FILE or --approvals DIR"},
+		{"approve out and approvals", []string{"policy", "approve", "--authority", key, "--signer", handle, "--pcr", pcr7, "--out", "x", "--approvals", dir}, "not both"},
+		{"approve nonce without quote", []string{"policy", "approve", "--authority", key, "--signer", handle, "--pcr", pcr7, "--nonce", "00", "--out", "x"}, "--from-quote"},
+		{"approve quote without ak", []string{"policy", "approve", "--authority", key, "--signer", handle, "--from-quote", "q", "--nonce", "00", "--out", "x"}, "--ak"},
+		{"approve bad nonce", []string{"policy", "approve", "--authority", key, "--signer", handle, "--from-quote", "q", "--ak", "a", "--nonce", "zz", "--out", "x"}, "--nonce must be hex"},
 		{"quote nothing to do", []string{"policy", "quote", "--signer", tpmKey}, "--nonce HEX --out FILE"},
 		{"quote nonce without out", []string{"policy", "quote", "--signer", tpmKey, "--nonce", "00"}, "go together"},
 		{"quote long nonce", []string{"policy", "quote", "--signer", tpmKey, "--nonce", strings.Repeat("00", 33), "--out", "q"}, "1 to 32 bytes"},

@@ -92,7 +92,11 @@ func (f *authorizedFixture) approve(t testing.TB, auth crypto.Signer, name strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpm.SignApproval(auth, pcrs, vals, tpm.ApprovalMeta{Note: name, CreatedAt: time.Now()})
+	b, err := tpm.BindingForPCRs(pcrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := tpm.SignApproval(auth, b, pcrs, vals, tpm.ApprovalMeta{Note: name, CreatedAt: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +346,11 @@ func TestForgedApprovalRefusedByTPM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	forged, err := tpm.SignApproval(forger, pcrs, vals, tpm.ApprovalMeta{})
+	b, err := tpm.BindingForPCRs(pcrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := tpm.SignApproval(forger, b, pcrs, vals, tpm.ApprovalMeta{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,4 +479,84 @@ func TestAbandonedAuthorizedOperation(t *testing.T) {
 	}
 	time.Sleep(hold) // the abandoned operation gets its answer and ends
 	mustSign(t, s)
+}
+
+// resetPCR resets PCR idx in the simulator from locality 0 (TPM2_PCR_Reset,
+// TPM 2.0 Part 3 §22.3), as any process with TPM access can for PCR 16.
+func resetPCR(t *testing.T, sim *tpmsim.Simulator, idx int) {
+	t.Helper()
+	_, err := tpm2.PCRReset{PCRHandle: tpm2.AuthHandle{Handle: tpm2.TPMHandle(idx), Auth: tpm2.PasswordAuth(nil)}}.Execute(sim.TPM())
+	if err != nil {
+		t.Fatalf("reset PCR %d: %v", idx, err)
+	}
+}
+
+// TestSelectionBoundByTPM: a v2 key (pcrs=7) binds its selection in its
+// policyRef. After the boot state changed (PCR 7 extended) and PCR 16 was
+// reset to zeros, approvals of that state over pcrs=7,16 signed by the
+// right authority — with the ref a v2 tool derives for 7,16, or the v1
+// ref an old tool signs — are refused by the software check and, with
+// every software check skipped, by the TPM itself (TPM_RC_POLICY_FAIL at
+// TPM2_Sign: the session digest is not the key's policy). The control: the
+// same path with an approval of the key's own selection and ref signs.
+func TestSelectionBoundByTPM(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "boot")
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mustSign(t, s)
+	if err := os.Remove(filepath.Join(f.approvals, "boot.json")); err != nil {
+		t.Fatal(err)
+	}
+	f.sim.ExtendPCR(t, 7, []byte("attacker's boot chain"))
+	resetPCR(t, f.sim, 16)
+	vals, err := tpm.ReadPCRs(f.sim.TPM(), []int{7, 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := sha256.Sum256([]byte("csr"))
+	for name, ref := range map[string]string{
+		"v2 ref of 7,16":  "steward-trustd/os-ca/v2:010080", // what BindingForPCRs would make, were 16 allowed
+		"v1 ref":          tpm.PolicyRef,
+		"empty (systemd)": "",
+	} {
+		t.Run(name, func(t *testing.T) {
+			a, err := tpm.UncheckedApproval(auth, ref, []int{7, 16}, vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := tpm.MarshalApprovals(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(f.approvals, "wide.json"), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			mustRefuse(t, s)
+			err = tpm.TPMSignWithApproval(s.(*tpm.Signer), a, digest[:])
+			if !errors.Is(err, tpm2.TPMRCPolicyFail) {
+				t.Fatalf("TPM signing with an approval over pcrs=7,16 (ref %q) = %v, want TPM_RC_POLICY_FAIL", ref, err)
+			}
+		})
+	}
+	own, err := tpm.UncheckedApproval(auth, mustBindingRef(t, 7), []int{7}, vals[:1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tpm.TPMSignWithApproval(s.(*tpm.Signer), own, digest[:]); err != nil {
+		t.Fatalf("control: TPM signing with an approval of the key's own selection = %v", err)
+	}
+}
+
+func mustBindingRef(t *testing.T, pcrs ...int) string {
+	t.Helper()
+	b, err := tpm.BindingForPCRs(pcrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.Ref()
 }
