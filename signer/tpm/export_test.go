@@ -3,6 +3,7 @@ package tpm
 import (
 	"context"
 	"crypto"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -108,4 +109,17 @@ func UncheckedApproval(authority crypto.Signer, ref string, pcrs []int, values [
 		return nil, err
 	}
 	return &Approval{PCRs: pcrs, PKFP: a.Fingerprint(), Pol: hex.EncodeToString(pol), Sig: base64.StdEncoding.EncodeToString(tpm2.Marshal(sig)), Ref: ref}, nil
+}
+
+// ExtendPCR extends sha256 PCR idx with SHA-256(data) over the signer's
+// own connection (a swtpm serves one connection at a time).
+func ExtendPCR(s *Signer, idx int, data []byte) error {
+	sum := sha256.Sum256(data)
+	return s.do(context.Background(), false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+		_, err := tpm2.PCRExtend{
+			PCRHandle: tpm2.AuthHandle{Handle: tpm2.TPMHandle(idx), Auth: tpm2.PasswordAuth(nil)},
+			Digests:   tpm2.TPMLDigestValues{Digests: []tpm2.TPMTHA{{HashAlg: tpm2.TPMAlgSHA256, Digest: sum[:]}}},
+		}.Execute(t)
+		return err
+	})
 }
