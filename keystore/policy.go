@@ -2,6 +2,7 @@ package keystore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -49,7 +50,7 @@ func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) 
 	}
 	auth, err := c.Keys.Open(ctx, o.AuthorityURI)
 	if err != nil {
-		return nil, fmt.Errorf("policy approve: open the policy authority: %w", err)
+		return nil, fmt.Errorf("policy approve: open the policy authority: %w%s", err, AuthorityHint(err))
 	}
 	defer auth.Close()
 	approvedBy := o.ApprovedBy
@@ -74,6 +75,15 @@ func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) 
 	return &Outcome{Receipt: r, Written: r.Files, Notes: []string{
 		"approval of sha256:" + pcrString(a.PCRs) + " (PolicyPCR digest " + a.Pol + ", policyRef " + strconv.Quote(a.Ref) + ") by authority " + a.PKFP + "; copy it into the approvals directory of every node in this PCR state (a ConfigMap is fine: it is not secret)",
 	}}, nil
+}
+
+// AuthorityHint is what to add to an error opening a policy authority
+// key: how to create one, when it does not exist.
+func AuthorityHint(err error) string {
+	if !errors.Is(err, signer.ErrKeyNotFound) {
+		return ""
+	}
+	return "; to create a policy authority key (offline, or on an HSM): steward-trustd-ceremony policy authority create --key file:/offline/authority.key [--algorithm rsa3072 to share it with systemd-measure] --public-out authority.pub"
 }
 
 // commitApproval writes the approval file, then its receipt, as one unit

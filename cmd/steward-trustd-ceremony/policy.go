@@ -137,7 +137,7 @@ func (e *environment) authorityKeys(ctx context.Context, stderr io.Writer, uris 
 	for _, u := range uris {
 		s, err := cer.Keys.Open(ctx, u)
 		if err != nil {
-			return nil, fmt.Errorf("open policy authority: %w", err)
+			return nil, fmt.Errorf("open policy authority: %w%s", err, keystore.AuthorityHint(err))
 		}
 		pubs = append(pubs, s.Public())
 		s.Close()
@@ -150,8 +150,87 @@ func policyCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 		Use:   "policy",
 		Short: "Signed PCR policies: approve PCR states for a TPM key under a policy authority, prove a node's PCR state",
 	}
-	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr))
+	authority := &cobra.Command{Use: "authority", Short: "The policy authority's key: create one"}
+	authority.AddCommand(authorityCreateCmd(env, stdout, stderr))
+	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr), authority)
 	return c
+}
+
+// authorityCreateFlags are the flags of policy authority create.
+type authorityCreateFlags struct {
+	key, algorithm, publicOut string
+	force                     bool
+}
+
+func authorityCreateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	var f authorityCreateFlags
+	c := &cobra.Command{
+		Use:   "create --key AUTH_URI [--algorithm p256|rsa2048|rsa3072|rsa4096] [--public-out FILE]",
+		Short: "Create a policy authority key (on an offline machine or an HSM) and print what identifies it",
+		Long: `Create the key that approves PCR states for TPM keys created under it
+(init/rotate/intermediate --policy-authority). Keep it offline: a file: key on a machine
+that never joins the network, or a pkcs11: key on an HSM or YubiKey. It is never
+overwritten.
+
+--public-out writes its public key (PEM, not secret) for the nodes' ceremonies
+(--policy-authority takes the public key's owner URI; status shows the fingerprints).
+Choose rsa2048 (or larger) to sign systemd-measure approvals with the same key
+(--systemd-compatible keys): systemd-measure signs with RSA.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return f.run(cmd.Context(), env, stdout, stderr)
+		},
+	}
+	fs := c.Flags()
+	fs.StringVar(&f.key, "key", "", "where to create the authority key: file:/offline/authority.key or a pkcs11: URI")
+	fs.StringVar(&f.algorithm, "algorithm", "p256", "p256, or rsa2048/rsa3072/rsa4096 (to share the key with systemd-measure)")
+	fs.StringVar(&f.publicOut, "public-out", "", "write the public key (PEM) to this file")
+	fs.BoolVar(&f.force, "force", false, "replace an existing --public-out file (the key itself is never replaced)")
+	return c
+}
+
+func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout, stderr io.Writer) error {
+	if err := cli.Required(map[string]string{"key": f.key}); err != nil {
+		return err
+	}
+	alg, err := parseAlgorithm(f.algorithm)
+	if err != nil {
+		return err
+	}
+	cer, err := env.ceremony(stderr)
+	if err != nil {
+		return err
+	}
+	s, err := cer.Keys.Generate(ctx, f.key, alg)
+	if err != nil {
+		return fmt.Errorf("create the policy authority: %w", err)
+	}
+	defer s.Close()
+	a, err := tpm.NewAuthority(s.Public())
+	if err != nil {
+		return fmt.Errorf("the new key cannot be a policy authority: %w", err)
+	}
+	if f.publicOut != "" {
+		der, err := x509.MarshalPKIXPublicKey(a.Public())
+		if err != nil {
+			return err
+		}
+		if err := writeOutput(stdout, f.publicOut, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), f.force); err != nil {
+			return err
+		}
+	}
+	printAuthority(stdout, f.key, a)
+	return nil
+}
+
+// printAuthority says what identifies a new authority and what to do next.
+func printAuthority(w io.Writer, uri string, a *tpm.Authority) {
+	fmt.Fprintf(w, "policy authority created: %s\n", uri)
+	fmt.Fprintf(w, "fingerprint:  sha256 %s (pkfp of our approvals)\n", a.Fingerprint())
+	if fp := a.SystemdFingerprint(); fp != "" {
+		fmt.Fprintf(w, "systemd pkfp: %s (systemd-measure's)\n", fp)
+	}
+	fmt.Fprintf(w, "TPM name:     %x\n", a.Name())
+	fmt.Fprintf(w, "next: steward-trustd-ceremony init --signer 'tpm:path=/etc/steward-trustd/os-ca.tpmkey;approvals=/etc/steward-trustd/approvals' --policy-authority %s --cluster NAME --out DIR\n", uri)
 }
 
 // approveFlags are the flags of policy approve.

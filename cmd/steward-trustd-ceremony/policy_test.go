@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -56,5 +57,33 @@ func TestParsePCRValues(t *testing.T) {
 	pcrs, vals, err := parsePCRValues([]string{"11=" + b, "7=" + a})
 	if err != nil || len(pcrs) != 2 || pcrs[0] != 7 || pcrs[1] != 11 || !bytes.Equal(vals[0], bytes.Repeat([]byte{0xaa}, 32)) {
 		t.Fatalf("parsePCRValues = %v %x %v", pcrs, vals, err)
+	}
+}
+
+// TestPolicyAuthorityCreate: the authority key is created once (never
+// replaced), its public key written, its fingerprints printed (systemd's
+// too for RSA); an authority that does not exist is refused with the
+// command that creates one.
+func TestPolicyAuthorityCreate(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ alg, name string }{{"p256", "ecc"}, {"rsa2048", "rsa"}} {
+		key := "file:" + filepath.Join(dir, tc.name+".key")
+		pub := filepath.Join(dir, tc.name+".pub")
+		code, stdout, stderr := runCmd(t, "policy", "authority", "create", "--key", key, "--algorithm", tc.alg, "--public-out", pub)
+		if code != 0 || !strings.Contains(stdout, "fingerprint:  sha256 ") || strings.Contains(stdout, "systemd pkfp") != (tc.alg != "p256") {
+			t.Fatalf("%s: exit %d\n%s\n%s", tc.alg, code, stdout, stderr)
+		}
+		data, err := os.ReadFile(pub)
+		if err != nil || !bytes.HasPrefix(data, []byte("-----BEGIN PUBLIC KEY-----")) {
+			t.Fatalf("%s: public key file: %v", tc.alg, err)
+		}
+		if code, _, stderr := runCmd(t, "policy", "authority", "create", "--key", key, "--algorithm", tc.alg); code != 1 || !strings.Contains(stderr, "exist") {
+			t.Fatalf("%s: a second create: exit %d, %s", tc.alg, code, stderr)
+		}
+	}
+	missing := "file:" + filepath.Join(dir, "missing.key")
+	code, _, stderr := runCmd(t, "policy", "approve", "--authority", missing, "--signer", "tpm:handle=0x81000100;socket=/unused", "--pcr", "7="+strings.Repeat("ab", 32), "--out", filepath.Join(dir, "a.json"))
+	if code != 1 || !strings.Contains(stderr, "steward-trustd-ceremony policy authority create --key") {
+		t.Fatalf("approve with a missing authority: exit %d, %s", code, stderr)
 	}
 }
