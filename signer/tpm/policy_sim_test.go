@@ -295,6 +295,7 @@ func TestQuoteVerification(t *testing.T) {
 		{"wrong nonce", q, ak, []byte("another nonce"), "nonce differs"},
 		{"another AK", q, &newP256(t).PublicKey, nonce, "not signed by the pinned attestation key"},
 		{"values not quoted", &tampered, ak, nonce, "do not match the quoted digest"},
+		{"resettable PCR named", &tpm.Quote{PCRs: []int{7, 16}, PCRValues: q.PCRValues, Nonce: q.Nonce, Attest: q.Attest, Signature: q.Signature}, ak, nonce, "debug PCR"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, _, err := tpm.VerifyQuote(tc.q, tc.ak, tc.nonce); err == nil || !strings.Contains(err.Error(), tc.want) {
