@@ -29,7 +29,7 @@ func TestPolicyUsageErrors(t *testing.T) {
 		{"approve without a state", []string{"policy", "approve", "--authority", key, "--key", "k.tpmkey", "--out", "x"}, "give the state to approve"},
 		{"approve two states", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--from-quote", "q", "--signer", handle, "--out", "x"}, "at most one"},
 		{"approve resettable pcr", []string{"policy", "approve", "--authority", key, "--signer", handle, "--pcr", "16=" + strings.Repeat("00", 32), "--out", "x"}, "PCR 16 is the debug PCR"},
-		{"approve key of no approvals", []string{"policy", "approve", "--authority", key, "--signer", "tpm:handle=0x81000100;pcrs=16", "--pcr", pcr7, "--out", "x"}, "debug PCR"},
+		{"approve for a key URI over PCR 16", []string{"policy", "approve", "--authority", key, "--signer", "tpm:handle=0x81000100;pcrs=16", "--pcr", pcr7, "--out", "x"}, "debug PCR"},
 		{"approve short pcr value", []string{"policy", "approve", "--authority", key, "--signer", handle, "--pcr", "7=abcd", "--out", "x"}, "64 hex digits"},
 		{"approve pcr out of range", []string{"policy", "approve", "--authority", key, "--signer", handle, "--pcr", "24=" + strings.Repeat("ab", 32), "--out", "x"}, "INDEX=HEX"},
 		{"approve pcr twice", []string{"policy", "approve", "--authority", key, "--signer", handle, "--pcr", pcr7, "--pcr", pcr7, "--out", "x"}, "given twice"},

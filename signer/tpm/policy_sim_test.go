@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,6 +108,17 @@ func (f *authorizedFixture) approve(t testing.TB, auth crypto.Signer, name strin
 	if err := os.WriteFile(filepath.Join(f.approvals, name+".json"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// generate creates the fixture's key, closed when the test ends.
+func (f *authorizedFixture) generate(t *testing.T) signer.Signer {
+	t.Helper()
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 func mustSign(t *testing.T, s signer.Signer) {
@@ -310,19 +322,18 @@ func TestPolicyReport(t *testing.T) {
 	auth := newP256(t)
 	f := newAuthorizedFixture(t, auth)
 	f.approve(t, auth, "now")
-	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := f.generate(t)
 	ts := s.(*tpm.Signer)
 	r, err := ts.PolicyReport(ctx)
 	if err != nil || r.Matching != filepath.Join(f.approvals, "now.json") || r.Approvals != 1 || len(r.Authorities) != 1 {
 		t.Fatalf("PolicyReport = %+v, %v", r, err)
 	}
+	if r.Binding != "v2" || r.PolicyRef != "steward-trustd/os-ca/v2:000080" || !slices.Equal(r.BoundPCRs, []int{7}) || r.Warning != "" || r.Authorities[0].SystemdFingerprint != "" {
+		t.Fatalf("PolicyReport binding = %q %q %v %q, systemd pkfp %q; want v2 over PCR 7, no warning, none for ECC", r.Binding, r.PolicyRef, r.BoundPCRs, r.Warning, r.Authorities[0].SystemdFingerprint)
+	}
 	f.sim.ExtendPCR(t, 7, []byte("update"))
 	r, err = ts.PolicyReport(ctx)
-	if err != nil || r.Matching != "" || !strings.Contains(r.MatchError, r.PolicyPCRDigest) {
+	if err != nil || r.Matching != "" || !strings.Contains(r.MatchError, r.PolicyPCRDigest) || !strings.Contains(r.MatchError, "policy approve --authority AUTHORITY_URI --key /") || !strings.Contains(r.MatchError, "ca.tpmkey --pcr 7=") {
 		t.Fatalf("PolicyReport after extend = %+v, %v", r, err)
 	}
 	if err := ts.CheckPolicy(ctx); !errors.Is(err, signer.ErrPolicyNotSatisfied) {
@@ -504,11 +515,7 @@ func TestSelectionBoundByTPM(t *testing.T) {
 	auth := newP256(t)
 	f := newAuthorizedFixture(t, auth)
 	f.approve(t, auth, "boot")
-	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := f.generate(t)
 	mustSign(t, s)
 	if err := os.Remove(filepath.Join(f.approvals, "boot.json")); err != nil {
 		t.Fatal(err)
