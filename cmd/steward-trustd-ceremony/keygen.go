@@ -127,6 +127,7 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var src importFlags
 	var out string
 	var authorities []string
+	var systemd bool
 	c := &cobra.Command{
 		Use:   "import --signer URI (--key os-ca.key --cert os-ca.crt | --talos-secrets secrets.yaml) --out DIR",
 		Short: "Move an existing OS CA key onto the device as non-extractable",
@@ -135,6 +136,11 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			var err error
+			if systemd {
+				if o.SignerURI, err = withSystemd(o.SignerURI, authorities); err != nil {
+					return err
+				}
+			}
 			if o.Source, err = src.source(); err != nil {
 				return err
 			}
@@ -159,6 +165,7 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	f.StringVar(&out, "out", "", "ceremony directory")
 	f.BoolVar(&o.Force, "force", false, "replace existing output files (device keys are never replaced)")
 	cli.ListVar(f, &authorities, "policy-authority", nil, policyAuthorityUsage)
+	f.BoolVar(&systemd, "systemd-compatible", false, systemdCompatibleUsage)
 	return c
 }
 

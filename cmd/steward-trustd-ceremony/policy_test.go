@@ -23,6 +23,9 @@ func TestPolicyUsageErrors(t *testing.T) {
 	}{
 		{"init authority on a file key", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--policy-authority", key}, "applies to tpm: keys only"},
 		{"init authority without approvals dir", []string{"init", "--signer", tpmKey, "--cluster", "c", "--out", dir, "--policy-authority", key}, "must name its approvals directory"},
+		{"init systemd-compatible without authority", []string{"init", "--signer", tpmKey, "--cluster", "c", "--out", dir, "--systemd-compatible"}, "--systemd-compatible applies to a tpm: key under a --policy-authority"},
+		{"import systemd-compatible on a file key", []string{"import", "--signer", key, "--key", "k", "--cert", "c", "--out", dir, "--systemd-compatible", "--policy-authority", key}, "--systemd-compatible applies to a tpm: key"},
+		{"init systemd-compatible over PCR 7", []string{"init", "--signer", tpmKey + ";approvals=" + dir, "--pcrs", "7", "--cluster", "c", "--out", dir, "--systemd-compatible", "--policy-authority", key}, "binds PCR 11"},
 		{"rotate finish with authority", []string{"rotate", "--new-signer", key, "--out", dir, "--finish", "--policy-authority", key}, "--policy-authority applies to starting"},
 		{"approve without authority", []string{"policy", "approve", "--pcr", pcr7, "--out", "x"}, "--authority"},
 		{"approve without a key", []string{"policy", "approve", "--authority", key, "--pcr", pcr7, "--out", "x"}, "--key KEY.tpmkey"},
