@@ -239,8 +239,27 @@ func TestSystemdMeasureApprovalUnlocksSystemdKey(t *testing.T) {
 		t.Fatalf("replayed PCR 11 = %x (%v), systemd-measure calculate says %s", got[11], err, want)
 	}
 	mustSign(t, s)
+	checkSystemdReport(t, sd, sig)
 	extendOn(t, sd, 11, []byte("leave-initrd"))
 	mustRefuse(t, s)
+}
+
+// checkSystemdReport: status names the key's binding with its warning,
+// and the authority's systemd fingerprint is the pkfp systemd-measure
+// wrote.
+func checkSystemdReport(t *testing.T, s *tpm.Signer, sigJSON []byte) {
+	t.Helper()
+	var f tpm.ApprovalFile
+	if err := json.Unmarshal(sigJSON, &f); err != nil || len(f.SHA256) != 1 {
+		t.Fatalf("systemd-measure's file: %s (%v)", sigJSON, err)
+	}
+	r, err := s.PolicyReport(ctx)
+	if err != nil || r.Binding != "systemd" || r.PolicyRef != "" || r.Warning == "" || len(r.Authorities) != 1 {
+		t.Fatalf("PolicyReport = %+v, %v", r, err)
+	}
+	if a := r.Authorities[0]; a.SystemdFingerprint != f.SHA256[0].PKFP || a.Fingerprint == a.SystemdFingerprint {
+		t.Fatalf("authority fingerprints %q / systemd %q, systemd-measure's pkfp %q", a.Fingerprint, a.SystemdFingerprint, f.SHA256[0].PKFP)
+	}
 }
 
 func extendOn(t *testing.T, s *tpm.Signer, idx int, data []byte) {

@@ -157,7 +157,8 @@ func TestSignedPolicyWithDaemon(t *testing.T) {
 		t.Errorf("status does not name the quote's approval as the match: %+v", rs.SignedPolicy)
 	}
 	text := mustCeremony(t, nil, "status", "--signer", s.uri, "--ca", filepath.Join(s.dir, certdir.FileCACert))
-	for _, want := range []string{"authority:    sha256 " + rs.SignedPolicy.Authorities[1].Fingerprint, "approved by:  " + rs.SignedPolicy.Matching, "PCR state:    7="} {
+	for _, want := range []string{"authority:    sha256 " + rs.SignedPolicy.Authorities[1].Fingerprint, "approved by:  " + rs.SignedPolicy.Matching, "PCR state:    7=",
+		`key policy:   v2, policyRef "steward-trustd/os-ca/v2:000080", PCR selection sha256:7`} {
 		if !strings.Contains(text.stdout, want) {
 			t.Errorf("text status lacks %q:\n%s", want, text.stdout)
 		}
