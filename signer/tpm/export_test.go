@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
+
+	"github.com/steward-trustd/steward-trustd/signer"
 )
 
 // KeyHandle exposes the loaded key's handle and name to the external tests
@@ -122,4 +124,16 @@ func ExtendPCR(s *Signer, idx int, data []byte) error {
 		}.Execute(t)
 		return err
 	})
+}
+
+// GenerateV1 creates a key as this backend did before the PCR selection
+// was bound: a v1 key (policyRef PolicyRef), for the tests that existing
+// keys keep working and what their policy lets through.
+func GenerateV1(ctx context.Context, b *Backend, uri string) (signer.Signer, error) {
+	u, err := ParseURI(uri)
+	if err != nil {
+		return nil, err
+	}
+	u.legacy = true
+	return b.generate(ctx, u, signer.ECDSAP256)
 }

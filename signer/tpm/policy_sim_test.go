@@ -568,3 +568,62 @@ func mustBindingRef(t *testing.T, pcrs ...int) string {
 	}
 	return b.Ref()
 }
+
+// TestV1KeyKeepsWorkingAndIsWarned: a key made before the selection was
+// bound (policyRef v1) still opens and signs with v1 approvals, and
+// policy approve's binding for it signs the v1 ref. Its report warns and
+// points at rotate — rightly: with every software check skipped, the TPM
+// accepts an approval over pcrs=7,16 for it (the contrast to
+// TestSelectionBoundByTPM), though our software ignores that approval.
+func TestV1KeyKeepsWorkingAndIsWarned(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	s, err := tpm.GenerateV1(ctx, f.b, f.uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	b, _, err := tpm.KeyBinding(f.uri)
+	if err != nil || b.Mode() != "v1" || b.Ref() != tpm.PolicyRef {
+		t.Fatalf("KeyBinding of a v1 key = %v, %v", b, err)
+	}
+	vals, err := tpm.ReadPCRs(f.sim.TPM(), []int{7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := tpm.SignApproval(auth, b, []int{7}, vals, tpm.ApprovalMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := tpm.MarshalApprovals(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.approvals, "v1.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err = f.b.Open(ctx, f.uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mustSign(t, s)
+	r, err := s.(*tpm.Signer).PolicyReport(ctx)
+	if err != nil || r.Binding != "v1" || !strings.Contains(r.Warning, "rotate") {
+		t.Fatalf("PolicyReport of a v1 key = %+v, %v; want a warning pointing at rotate", r, err)
+	}
+	f.sim.ExtendPCR(t, 7, []byte("attacker's boot chain"))
+	resetPCR(t, f.sim, 16)
+	wide, err := tpm.ReadPCRs(f.sim.TPM(), []int{7, 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := tpm.UncheckedApproval(auth, tpm.PolicyRef, []int{7, 16}, wide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := sha256.Sum256([]byte("csr"))
+	if err := tpm.TPMSignWithApproval(s.(*tpm.Signer), w, d[:]); err != nil {
+		t.Fatalf("the TPM refused a v1 key's approval over 7,16 (%v): then the v2 test shows nothing", err)
+	}
+}

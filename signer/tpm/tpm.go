@@ -266,6 +266,9 @@ func readBlobFile(u KeyURI) (*keyMaterial, error) {
 		if err := checkURIBinding(u, blob.binding); err != nil {
 			return nil, err
 		}
+		if blob.binding.pcrs == nil {
+			blob.pcrs = u.PCRs // v1: the PCRs the ceremony reads and approves; any approval may name others
+		}
 	} else if u.PCRsSet && !slices.Equal(u.PCRs, blob.pcrs) {
 		return nil, fmt.Errorf("tpm: key blob %s is bound to sha256 PCRs %s but the URI says pcrs=%s: %w",
 			u.Path, pcrList(blob.pcrs), pcrList(u.PCRs), signer.ErrInvalidURI)
@@ -290,9 +293,7 @@ func readBlobFile(u KeyURI) (*keyMaterial, error) {
 	return &keyMaterial{blob: blob, pcrs: blob.pcrs, pcrDigest: blob.pcrDigest, authorities: blob.authorities, binding: blob.binding}, nil
 }
 
-// checkURIBinding checks a key URI against the binding its blob records,
-// and gives a v1 blob (which binds no selection) the URI's PCRs: the ones
-// the ceremony reads and approves.
+// checkURIBinding checks a key URI against the binding its blob records.
 func checkURIBinding(u KeyURI, b Binding) error {
 	switch {
 	case u.Systemd && !b.Systemd():
@@ -327,6 +328,10 @@ func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm
 	if err != nil {
 		return nil, err
 	}
+	return b.generate(ctx, u, alg)
+}
+
+func (b *Backend) generate(ctx context.Context, u KeyURI, alg signer.Algorithm) (signer.Signer, error) {
 	curve, _, err := curveFor(alg)
 	if err != nil {
 		return nil, err

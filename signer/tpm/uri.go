@@ -118,13 +118,20 @@ type KeyURI struct {
 	// that systemd-measure's approvals satisfy it. For Open of a blob the
 	// blob says; a given systemd=true must agree.
 	Systemd bool
+	// legacy makes a new key under policy authorities a v1 key (PolicyRef,
+	// selection not bound). Only the tests of v1 compatibility set it:
+	// no URI can.
+	legacy bool
 }
 
 // binding is the binding of a key the URI creates (or of a handle= key,
 // which records none): systemd, or v2 over the URI's PCRs.
 func (u KeyURI) binding() Binding {
-	if u.Systemd {
+	switch {
+	case u.Systemd:
 		return SystemdBinding()
+	case u.legacy:
+		return legacyBinding()
 	}
 	b, err := BindingForPCRs(u.PCRs)
 	if err != nil {
