@@ -281,3 +281,35 @@ func TestMigrateToSignedPolicy(t *testing.T) {
 		t.Fatalf("the migrated key does not survive a PCR change: %s", st.PolicyError)
 	}
 }
+
+// TestSystemdCompatibleInit: the authority is made with policy authority
+// create (RSA, to share with systemd-measure); init --systemd-compatible
+// creates a key whose policy names the empty policyRef and PCR 11,
+// approves today's PCR 11 with it and self-signs the CA through it;
+// status shows the binding with its warning and the authority's
+// systemd-measure pkfp. Approvals over PCR 7 are refused for that key.
+func TestSystemdCompatibleInit(t *testing.T) {
+	requireScheme(t, "tpm")
+	sw := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
+	root := t.TempDir()
+	auth := "file:" + filepath.Join(root, "pcr-signing.key")
+	created := mustCeremony(t, nil, "policy", "authority", "create", "--key", auth, "--algorithm", "rsa2048", "--public-out", filepath.Join(root, "pcr-signing.pub"))
+	if !strings.Contains(created.stdout, "systemd pkfp: ") {
+		t.Fatalf("authority create: %s", created)
+	}
+	dir := filepath.Join(root, "ceremony")
+	uri := "tpm:path=" + filepath.Join(root, "ca.tpmkey") + ";" + sw.URIAttrs() + ";approvals=" + filepath.Join(root, "approvals")
+	r := mustCeremony(t, nil, "init", "--signer", uri, "--policy-authority", auth, "--systemd-compatible", "--cluster", "sd", "--out", dir)
+	if !strings.Contains(r.stdout, `key policy: systemd (policyRef "", PCR selection sha256:11)`) {
+		t.Errorf("init does not print the key's binding first:\n%s", r.stdout)
+	}
+	text := mustCeremony(t, nil, "status", "--signer", uri, "--ca", filepath.Join(dir, certdir.FileCACert))
+	for _, want := range []string{`key policy:   systemd, policyRef "", PCR selection sha256:11`, "WARNING:      systemd-compatible key", "systemd-measure pkfp ", "PCR state:    11="} {
+		if !strings.Contains(text.stdout, want) {
+			t.Errorf("status lacks %q:\n%s", want, text.stdout)
+		}
+	}
+	if r := ceremony(t, nil, "policy", "approve", "--authority", auth, "--key", filepath.Join(root, "ca.tpmkey"), "--pcr", "7="+strings.Repeat("ab", 32), "--out", filepath.Join(root, "p7.json")); r.code != 1 || !strings.Contains(r.stderr, "accepts only 11") {
+		t.Errorf("approve over PCR 7 for a systemd key: %s", r)
+	}
+}
