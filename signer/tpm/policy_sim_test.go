@@ -612,6 +612,9 @@ func TestV1KeyKeepsWorkingAndIsWarned(t *testing.T) {
 	if err != nil || r.Binding != "v1" || !strings.Contains(r.Warning, "rotate") {
 		t.Fatalf("PolicyReport of a v1 key = %+v, %v; want a warning pointing at rotate", r, err)
 	}
+	if n := f.log.count("weak key policy"); n != 1 {
+		t.Fatalf("%d WARN lines about the v1 policy at open, want 1", n)
+	}
 	f.sim.ExtendPCR(t, 7, []byte("attacker's boot chain"))
 	resetPCR(t, f.sim, 16)
 	wide, err := tpm.ReadPCRs(f.sim.TPM(), []int{7, 16})

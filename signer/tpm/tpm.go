@@ -201,6 +201,9 @@ func (b *Backend) Open(ctx context.Context, uri string) (signer.Signer, error) {
 	if err := b.attachApprovals(u, k); err != nil {
 		return nil, err
 	}
+	if w := k.binding.Weakness(); w != "" && len(k.authorities) > 0 {
+		b.logger().Warn("tpm: weak key policy", "location", u.String(), "binding", k.binding.String(), "detail", w)
+	}
 	return b.newSigner(ctx, u, k)
 }
 
