@@ -111,7 +111,11 @@ func (d *approvalDir) scan() {
 // to maxApprovalFiles usable files and maxApprovalEntries entries; capped
 // says whether it stopped at a cap.
 func (d *approvalDir) list() (next map[string]approvalFileState, capped bool, err error) {
-	f, err := os.Open(d.dir)
+	root, err := filepath.EvalSymlinks(d.dir)
+	if err != nil {
+		return nil, false, err
+	}
+	f, err := os.Open(root)
 	if err != nil {
 		return nil, false, err
 	}
@@ -126,7 +130,7 @@ func (d *approvalDir) list() (next map[string]approvalFileState, capped bool, er
 			}
 			seen++
 			if name := e.Name(); strings.HasSuffix(name, ".json") && !strings.HasPrefix(name, ".") {
-				if st, ok := d.readFile(name); ok {
+				if st, ok := d.readFile(root, name); ok {
 					next[name] = st
 					usable += min(len(st.approvals), 1)
 				}
@@ -146,9 +150,9 @@ func (d *approvalDir) list() (next map[string]approvalFileState, capped bool, er
 // NAME -> ..data/NAME -> ..TIMESTAMP/NAME) as long as they stay inside the
 // directory: a symlink leading out of it is refused, so that a link
 // planted in the ConfigMap cannot make the signer read another file.
-func (d *approvalDir) readFile(name string) (approvalFileState, bool) {
+func (d *approvalDir) readFile(root, name string) (approvalFileState, bool) {
 	path := filepath.Join(d.dir, name)
-	target, err := d.inside(path)
+	target, err := inside(root, path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return approvalFileState{}, false // removed since the listing, or a ConfigMap swap under way
 	}
@@ -180,18 +184,14 @@ func (d *approvalDir) readFile(name string) (approvalFileState, bool) {
 }
 
 // inside resolves the symlinks of path and checks that the file it names
-// is inside the approvals directory (itself resolved).
-func (d *approvalDir) inside(path string) (string, error) {
+// is inside root, the approvals directory with its own symlinks resolved.
+func inside(root, path string) (string, error) {
 	target, err := filepath.EvalSymlinks(path)
 	if err != nil {
 		return "", err
 	}
-	dir, err := filepath.EvalSymlinks(d.dir)
-	if err != nil {
-		return "", err
-	}
-	if rel, err := filepath.Rel(dir, target); err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
-		return "", fmt.Errorf("%s is a symlink to %s, outside the approvals directory %s; put the approval file itself in the directory", path, target, dir)
+	if rel, err := filepath.Rel(root, target); err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return "", fmt.Errorf("%s is a symlink to %s, outside the approvals directory %s; put the approval file itself in the directory", path, target, root)
 	}
 	return target, nil
 }
