@@ -101,13 +101,7 @@ func (f *authorizedFixture) approve(t testing.TB, auth crypto.Signer, name strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := tpm.MarshalApprovals(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(f.approvals, name+".json"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeApprovalFile(t, filepath.Join(f.approvals, name+".json"), a)
 }
 
 // generate creates the fixture's key, closed when the test ends.
@@ -533,19 +527,9 @@ func TestSelectionBoundByTPM(t *testing.T) {
 		"empty (systemd)": "",
 	} {
 		t.Run(name, func(t *testing.T) {
-			a, err := tpm.UncheckedApproval(auth, ref, []int{7, 16}, vals)
-			if err != nil {
-				t.Fatal(err)
-			}
-			data, err := tpm.MarshalApprovals(a)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(f.approvals, "wide.json"), data, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			a := writeApproval(t, filepath.Join(f.approvals, "wide.json"), auth, ref, []int{7, 16}, vals)
 			mustRefuse(t, s)
-			err = tpm.TPMSignWithApproval(s.(*tpm.Signer), a, digest[:])
+			err := tpm.TPMSignWithApproval(s.(*tpm.Signer), a, digest[:])
 			if !errors.Is(err, tpm2.TPMRCPolicyFail) {
 				t.Fatalf("TPM signing with an approval over pcrs=7,16 (ref %q) = %v, want TPM_RC_POLICY_FAIL", ref, err)
 			}
@@ -595,13 +579,7 @@ func TestV1KeyKeepsWorkingAndIsWarned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := tpm.MarshalApprovals(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(f.approvals, "v1.json"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeApprovalFile(t, filepath.Join(f.approvals, "v1.json"), a)
 	s, err = f.b.Open(ctx, f.uri)
 	if err != nil {
 		t.Fatal(err)

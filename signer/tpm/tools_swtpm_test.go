@@ -182,6 +182,13 @@ func writeApproval(t *testing.T, path string, auth crypto.Signer, ref string, pc
 	if err != nil {
 		t.Fatal(err)
 	}
+	writeApprovalFile(t, path, a)
+	return a
+}
+
+// writeApprovalFile writes a as an approval file at path.
+func writeApprovalFile(t testing.TB, path string, a *tpm.Approval) {
+	t.Helper()
 	data, err := tpm.MarshalApprovals(a)
 	if err != nil {
 		t.Fatal(err)
@@ -189,7 +196,6 @@ func writeApproval(t *testing.T, path string, auth crypto.Signer, ref string, pc
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return a
 }
 
 // TestSystemdMeasureApprovalUnlocksSystemdKey: Debian's systemd-measure
