@@ -463,14 +463,16 @@ func TestAbandonedAuthorizedOperation(t *testing.T) {
 		}
 	})
 	f.approve(t, auth, "boot")
-	const hold = 400 * time.Millisecond
+	// The bound must cover a whole key load and policy on a loaded
+	// 2-core machine under -race (100ms did not); the stall outlasts it.
+	const bound, hold = 750 * time.Millisecond, 1800 * time.Millisecond
 	stalled := &atomic.Bool{}
 	f.b.RetryInterval = time.Millisecond
 	f.b.Dial = func(ctx context.Context, d tpm.Device) (transport.TPMCloser, error) {
 		c, err := f.sim.Dial(ctx, d)
 		return stallingTPM{TPMCloser: c, hold: hold, stalled: stalled}, err
 	}
-	s, err := f.b.Generate(ctx, f.uri+";timeout=100ms", signer.ECDSAP256)
+	s, err := f.b.Generate(ctx, f.uri+";timeout="+bound.String(), signer.ECDSAP256)
 	if err != nil {
 		t.Fatal(err)
 	}
