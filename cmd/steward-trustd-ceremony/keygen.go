@@ -19,12 +19,14 @@ type keyFlags struct {
 	algorithm   string
 	pcrs        []int
 	authorities []string
+	systemd     bool
 }
 
 func (k *keyFlags) register(cmd *cobra.Command, algUsage, pcrsUsage string) {
 	cmd.Flags().StringVar(&k.algorithm, "algorithm", "p256", algUsage)
 	cli.PCRsVar(cmd.Flags(), &k.pcrs, "pcrs", pcrsUsage)
 	cli.ListVar(cmd.Flags(), &k.authorities, "policy-authority", nil, policyAuthorityUsage)
+	cmd.Flags().BoolVar(&k.systemd, "systemd-compatible", false, systemdCompatibleUsage)
 }
 
 // key parses --algorithm and binds uri to --pcrs (tpm: only).
@@ -33,7 +35,12 @@ func (k *keyFlags) key(uri string) (string, signer.Algorithm, error) {
 	if err != nil {
 		return "", "", err
 	}
-	uri, err = withPCRs(uri, k.pcrs)
+	if uri, err = withPCRs(uri, k.pcrs); err != nil {
+		return "", "", err
+	}
+	if k.systemd {
+		uri, err = withSystemd(uri, k.authorities)
+	}
 	return uri, alg, err
 }
 
@@ -120,6 +127,7 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var src importFlags
 	var out string
 	var authorities []string
+	var systemd bool
 	c := &cobra.Command{
 		Use:   "import --signer URI (--key os-ca.key --cert os-ca.crt | --talos-secrets secrets.yaml) --out DIR",
 		Short: "Move an existing OS CA key onto the device as non-extractable",
@@ -128,6 +136,11 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			var err error
+			if systemd {
+				if o.SignerURI, err = withSystemd(o.SignerURI, authorities); err != nil {
+					return err
+				}
+			}
 			if o.Source, err = src.source(); err != nil {
 				return err
 			}
@@ -152,6 +165,7 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	f.StringVar(&out, "out", "", "ceremony directory")
 	f.BoolVar(&o.Force, "force", false, "replace existing output files (device keys are never replaced)")
 	cli.ListVar(f, &authorities, "policy-authority", nil, policyAuthorityUsage)
+	f.BoolVar(&systemd, "systemd-compatible", false, systemdCompatibleUsage)
 	return c
 }
 
