@@ -53,3 +53,19 @@ func TestCommandLine(t *testing.T) {
 		})
 	}
 }
+
+// TestHelpShowsNoSecrets: flags have no environment-derived defaults, so
+// --help never prints the token or a key given in the environment.
+func TestHelpShowsNoSecrets(t *testing.T) {
+	secrets := map[string]string{"TRUSTD_TOKEN": "tok-s3cret-4242", "TRUSTD_OS_CA_KEY": "a2V5LXMzY3JldC00MjQy", "TRUSTD_SERVER_KEY": "c2VydmVyLXMzY3JldA=="}
+	getenv := func(k string) (string, bool) { v, ok := secrets[k]; return v, ok }
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"--help"}, &out, &errb, getenv); code != cli.ExitOK {
+		t.Fatalf("--help exit %d: %s", code, errb.String())
+	}
+	for name, v := range secrets {
+		if strings.Contains(out.String()+errb.String(), v) {
+			t.Errorf("--help shows $%s", name)
+		}
+	}
+}
