@@ -41,6 +41,8 @@ func TestUsageErrors(t *testing.T) {
 		{"init pcrs on file", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--pcrs", "7"}, "only applies to tpm"},
 		{"import no source", []string{"import", "--signer", key, "--out", dir}, "give --key and --cert, or --talos-secrets"},
 		{"import both sources", []string{"import", "--signer", key, "--out", dir, "--key", "k", "--cert", "c", "--talos-secrets", "s"}, "not both"},
+		{"import secrets out alone", []string{"import", "--signer", key, "--out", dir, "--key", "k", "--cert", "c", "--talos-secrets-out", "w.yaml"}, "--talos-secrets-out needs --talos-secrets"},
+		{"import secrets out over source", []string{"import", "--signer", key, "--out", dir, "--talos-secrets", "s.yaml", "--talos-secrets-out", "./s.yaml"}, "must not be the --talos-secrets file"},
 		{"sign-csr without roles", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z"}, "--roles not set"},
 		{"sign-csr leaf hours", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z", "--roles", "os:reader", "--hours", "87601"}, "must be 1 to 87600 hours (10 years)"},
 		{"sign-csr unknown role", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z", "--roles", "os:root"}, "unknown role"},
