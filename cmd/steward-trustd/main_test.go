@@ -30,6 +30,7 @@ func TestCommandLine(t *testing.T) {
 		{"unknown flag", []string{"--nope"}, nil, cli.ExitUsage, "", "unknown flag: --nope"},
 		{"bad flag value", []string{"--port", "x"}, nil, cli.ExitUsage, "", `"x" is not a TCP port (--port / $TRUSTD_PORT)`},
 		{"bad variable", nil, map[string]string{"TRUSTD_PORT": "70000"}, cli.ExitUsage, "", "$TRUSTD_PORT"},
+		{"relative cert dir", nil, map[string]string{"TRUSTD_CERT_DIR": "certs"}, cli.ExitUsage, "", "(--cert-dir / $TRUSTD_CERT_DIR)"},
 		// A bare --debug does not swallow the next flag: the port is what fails.
 		{"bare debug", []string{"--debug", "--port", "0"}, nil, cli.ExitUsage, "", `"0" is not a TCP port`},
 		{"bare require-peer-ip", []string{"-require-peer-ip", "-port=0"}, nil, cli.ExitUsage, "", `"0" is not a TCP port`},
