@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"math/big"
 	"net"
 	"strings"
 	"testing"
@@ -109,6 +110,8 @@ func TestCheckIssuerChain(t *testing.T) {
 		{"pathlen 1", []*x509.Certificate{bad(func(c *x509.Certificate) { c.MaxPathLen, c.MaxPathLenZero = 1, false })}, "path length 0"},
 		{"no pathlen", []*x509.Certificate{bad(func(c *x509.Certificate) { c.MaxPathLen, c.MaxPathLenZero = -1, false })}, "path length 0"},
 		{"not a CA", []*x509.Certificate{bad(func(c *x509.Certificate) { c.IsCA, c.MaxPathLenZero = false, false })}, "not a CA"},
+		{"no keyCertSign", []*x509.Certificate{bad(func(c *x509.Certificate) { c.KeyUsage = x509.KeyUsageDigitalSignature })}, "lacks keyUsage keyCertSign"},
+		{"outlives the root", []*x509.Certificate{outliving(t, tr, now)}, "after the root"},
 		{"root included", []*x509.Certificate{tr.inter, tr.root}, "is a root"},
 		{"another root's", []*x509.Certificate{other.inter}, "not the signer key's"},
 	}
@@ -125,4 +128,24 @@ func TestCheckIssuerChain(t *testing.T) {
 	if err := CheckIssuerChain([]*x509.Certificate{tr.inter}, []*x509.Certificate{tr.root}, tr.interKey.Public(), tr.inter.NotAfter.Add(time.Hour)); err == nil {
 		t.Error("an expired intermediate passed")
 	}
+}
+
+// outliving signs tr's intermediate key with the intermediate profile but
+// a NotAfter an hour past the root's, as a hand-made issuer.crt could
+// (issue() clamps to the issuer, so x509.CreateCertificate directly).
+func outliving(t *testing.T, tr tier, now time.Time) *x509.Certificate {
+	t.Helper()
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "outliving"},
+		NotBefore: now.Add(-time.Minute), NotAfter: tr.root.NotAfter.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
+		KeyUsage: x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tr.root, tr.interKey.Public(), tr.rootKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
