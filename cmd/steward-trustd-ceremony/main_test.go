@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/signer"
 )
 
 func runCmd(t *testing.T, args ...string) (int, string, string) {
@@ -195,5 +197,36 @@ func copyFile(t *testing.T, from, to string) {
 	}
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKeyRoles: each command opens its --signer as the key it is, so a
+// file key's warning names the right one.
+func TestKeyRoles(t *testing.T) {
+	tests := []struct {
+		args []string
+		want signer.KeyRole
+	}{
+		{[]string{"init"}, signer.RoleOSCA},
+		{[]string{"intermediate", "sign"}, signer.RoleOSCA},
+		{[]string{"intermediate", "request"}, signer.RoleIntermediate},
+		{[]string{"intermediate", "install"}, signer.RoleIntermediate},
+		{[]string{"rotate"}, signer.RoleOSCA},
+		{[]string{"rotate", "--intermediate"}, signer.RoleIntermediate},
+		{[]string{"policy", "approve"}, signer.RoleAuthority},
+		{[]string{"status"}, ""},
+	}
+	for _, tt := range tests {
+		root := newRoot(defaultEnvironment(), io.Discard, io.Discard)
+		cmd, rest, err := root.Find(tt.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.ParseFlags(rest); err != nil {
+			t.Fatal(err)
+		}
+		if got := keyRole(cmd); got != tt.want {
+			t.Errorf("%v: role %q, want %q", tt.args, got, tt.want)
+		}
 	}
 }
