@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -36,7 +37,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env *envi
 	if env == nil {
 		env = defaultEnvironment()
 	}
-	return cli.Run(ctx, newRoot(env, stdout, stderr), args, stdout, stderr)
+	code := cli.Run(ctx, newRoot(env, stdout, stderr), args, stdout, stderr)
+	if line := env.warnings.line(); line != "" {
+		fmt.Fprintln(stderr, line)
+	}
+	return code
 }
 
 func newRoot(env *environment, stdout, stderr io.Writer) *cobra.Command {
