@@ -239,6 +239,7 @@ func setupServingCert(cfg *config, dir server.CertDir, holder *server.CertHolder
 		if _, err := c.Leaf.Verify(servedChainOptions(c, svc.Credentials().Pool())); err != nil {
 			log.Warn("serving certificate does not chain to the OS CA or accepted CAs; workers will refuse it", "error", err)
 		}
+		warnMissingSANs(c.Leaf, cfg.certSANs, log)
 		holder.Set(c)
 		m.SetServingExpiry(c.Leaf.NotAfter, time.Now())
 		log.Info("serving certificate loaded", "dns", c.Leaf.DNSNames, "ips", c.Leaf.IPAddresses, "not_after", c.Leaf.NotAfter)
