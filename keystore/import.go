@@ -197,7 +197,7 @@ func (c *Ceremony) importedEarlier(ctx context.Context, st *state, uri, fp strin
 		s.Close()
 		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}
 	}
-	return s, []string{"the key was already on the device (" + desc.Location + ")"}, nil
+	return s, []string{"the key was already in place from an earlier run (" + desc.Location + ")"}, nil
 }
 
 // importResults is what the device produced for Import.
