@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"math/big"
 	"net"
 	"strings"
@@ -148,4 +149,42 @@ func outliving(t *testing.T, tr tier, now time.Time) *x509.Certificate {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestNameConstraintsBindACompromisedIntermediate: an intermediate signed
+// with IP name constraints can still sign a leaf for any address (that is
+// what a compromised node would do), but Go's verifier — talosctl's —
+// refuses the chain for an address outside the ranges.
+func TestNameConstraintsBindACompromisedIntermediate(t *testing.T) {
+	now := time.Now()
+	_, ranges, _ := net.ParseCIDR("10.0.0.0/8")
+	tr := newTier(t, now, IntermediateOptions{PermittedIPRanges: []*net.IPNet{ranges}})
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tests := []struct {
+		ip      string
+		wantErr bool
+	}{{"10.5.0.2", false}, {"192.168.1.1", true}, {"127.0.0.1", true}}
+	for _, tt := range tests {
+		is, err := NewWorkerCertificate(tr.inter, tr.interKey, WorkerRequest{Subject: pkix.Name{CommonName: "w"}, IPs: []net.IP{net.ParseIP(tt.ip)}, PublicKey: leafKey.Public()}, time.Hour, now, rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := x509.ParseCertificate(is.Raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = leaf.Verify(x509.VerifyOptions{Roots: pool(tr.root), Intermediates: pool(tr.inter), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+		var ci x509.CertificateInvalidError
+		if tt.wantErr != (err != nil) || tt.wantErr && (!errors.As(err, &ci) || ci.Reason != x509.CANotAuthorizedForThisName) {
+			t.Errorf("leaf for %s: %v, want refused: %v", tt.ip, err, tt.wantErr)
+		}
+	}
+}
+
+func pool(certs ...*x509.Certificate) *x509.CertPool {
+	p := x509.NewCertPool()
+	for _, c := range certs {
+		p.AddCert(c)
+	}
+	return p
 }
