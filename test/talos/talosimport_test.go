@@ -71,6 +71,12 @@ func TestTalosImportWorkerConfigs(t *testing.T) {
 	if !strings.Contains(stdout, "--with-secrets "+forWorkers) {
 		t.Fatalf("import does not name the worker secrets file %s:\n%s", forWorkers, stdout)
 	}
+	// The old advice, deleting only certs.os.key, is what talosctl refuses.
+	old := loadBundle(t, src)
+	old.Certs.OS.Key = nil
+	if err := validateBundle(old); err == nil || !strings.Contains(err.Error(), "certs.os is invalid") {
+		t.Errorf("a secrets.yaml without certs.os.key passed talosctl's validation: %v", err)
+	}
 	b := loadBundle(t, forWorkers)
 	if err := validateBundle(b); err != nil {
 		t.Fatalf("talosctl would refuse %s: %v", forWorkers, err)
