@@ -470,7 +470,7 @@ func TestServerCert(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts.SignerURI, opts.Force = file.URI(other), true
-	if _, _, err := c.ServerCert(context.Background(), d, opts); err == nil || !strings.Contains(err.Error(), "is not the key of CA") {
+	if _, _, err := c.ServerCert(context.Background(), d, opts); err == nil || !strings.Contains(err.Error(), "is not the key of CA") || !strings.Contains(err.Error(), "after rotate --finish") {
 		t.Errorf("mismatched key: %v", err)
 	}
 }

@@ -158,5 +158,5 @@ func mismatch(ca *x509.Certificate, pub crypto.PublicKey) error {
 	if err != nil {
 		return err
 	}
-	return fmt.Errorf("OS CA certificate does not match the signer's key (certificate key %s, signer key %s); in the tiered setup, provide the signer's chain as %s", got[:16], want[:16], certdir.FileIssuerChain)
+	return fmt.Errorf("OS CA certificate does not match the signer's key (certificate key %s, signer key %s): after `rotate --finish` the cert dir holds the new CA, so restart the daemon with TRUSTD_SIGNER set to the new key (--new-signer; the signer changes only at a restart); otherwise put back the os-ca.crt of this key; in the tiered setup, provide the signer's chain as %s", got[:16], want[:16], certdir.FileIssuerChain)
 }

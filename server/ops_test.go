@@ -353,6 +353,9 @@ func TestReload(t *testing.T) {
 	if !strings.Contains(logs.String(), "reload refused") {
 		t.Fatal("broken reload not logged")
 	}
+	if !strings.Contains(logs.String(), "after `rotate --finish`") {
+		t.Fatalf("a CA that no longer matches the signer is logged without the rotation hint: %s", logs.String())
+	}
 	// Fixed content is picked up.
 	mkgen("gen4", map[string][]byte{certdir.FileToken: []byte("third-token"), certdir.FileCACert: ca.pem})
 	rl.Check()

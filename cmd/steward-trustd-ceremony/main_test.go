@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/signer"
 )
 
 func runCmd(t *testing.T, args ...string) (int, string, string) {
@@ -41,6 +43,8 @@ func TestUsageErrors(t *testing.T) {
 		{"init pcrs on file", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--pcrs", "7"}, "only applies to tpm"},
 		{"import no source", []string{"import", "--signer", key, "--out", dir}, "give --key and --cert, or --talos-secrets"},
 		{"import both sources", []string{"import", "--signer", key, "--out", dir, "--key", "k", "--cert", "c", "--talos-secrets", "s"}, "not both"},
+		{"import secrets out alone", []string{"import", "--signer", key, "--out", dir, "--key", "k", "--cert", "c", "--talos-secrets-out", "w.yaml"}, "--talos-secrets-out needs --talos-secrets"},
+		{"import secrets out over source", []string{"import", "--signer", key, "--out", dir, "--talos-secrets", "s.yaml", "--talos-secrets-out", "./s.yaml"}, "must not be the --talos-secrets file"},
 		{"sign-csr without roles", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z"}, "--roles not set"},
 		{"sign-csr leaf hours", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z", "--roles", "os:reader", "--hours", "87601"}, "must be 1 to 87600 hours (10 years)"},
 		{"sign-csr unknown role", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z", "--roles", "os:root"}, "unknown role"},
@@ -193,5 +197,36 @@ func copyFile(t *testing.T, from, to string) {
 	}
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKeyRoles: each command opens its --signer as the key it is, so a
+// file key's warning names the right one.
+func TestKeyRoles(t *testing.T) {
+	tests := []struct {
+		args []string
+		want signer.KeyRole
+	}{
+		{[]string{"init"}, signer.RoleOSCA},
+		{[]string{"intermediate", "sign"}, signer.RoleOSCA},
+		{[]string{"intermediate", "request"}, signer.RoleIntermediate},
+		{[]string{"intermediate", "install"}, signer.RoleIntermediate},
+		{[]string{"rotate"}, signer.RoleOSCA},
+		{[]string{"rotate", "--intermediate"}, signer.RoleIntermediate},
+		{[]string{"policy", "approve"}, signer.RoleAuthority},
+		{[]string{"status"}, ""},
+	}
+	for _, tt := range tests {
+		root := newRoot(defaultEnvironment(), io.Discard, io.Discard)
+		cmd, rest, err := root.Find(tt.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.ParseFlags(rest); err != nil {
+			t.Fatal(err)
+		}
+		if got := keyRole(cmd); got != tt.want {
+			t.Errorf("%v: role %q, want %q", tt.args, got, tt.want)
+		}
 	}
 }

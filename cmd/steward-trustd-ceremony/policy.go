@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -60,7 +59,7 @@ func (e *environment) tpmBackend(stderr io.Writer) *tpm.Backend {
 	if dial == nil {
 		dial = tpmdev.Dial
 	}
-	return &tpm.Backend{Dial: dial, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	return &tpm.Backend{Dial: dial, Logger: e.warnings.logger(stderr)}
 }
 
 // underAuthorities prepares the creation of a key under the policy

@@ -187,6 +187,12 @@ func loadListen(c *config, get lookup) error {
 // loadInline reads the cert dir, the signer and the inline credentials.
 func loadInline(c *config, get lookup) error {
 	if v, ok := get("cert-dir"); ok && v != "" {
+		// The reloader re-reads files by name for as long as the daemon
+		// runs; a relative path would follow whatever working directory
+		// the service manager chose.
+		if !filepath.IsAbs(v) {
+			return bad("cert-dir", "%q is a relative path: give the absolute path, e.g. %s or \"$PWD/%s\"", v, defaultCertDir, filepath.Clean(v))
+		}
 		c.certDir = filepath.Clean(v)
 	}
 	var err error

@@ -43,6 +43,8 @@ func TestLoadConfig(t *testing.T) {
 		{name: "bad queue", env: map[string]string{"TRUSTD_SIGNER_QUEUE": "-3"}, wantErr: "TRUSTD_SIGNER_QUEUE"},
 		{name: "bad wait", env: map[string]string{"TRUSTD_SIGNER_WAIT": "1ns"}, wantErr: "TRUSTD_SIGNER_WAIT"},
 		{name: "bad port", env: map[string]string{"TRUSTD_PORT": "70000"}, wantErr: "TRUSTD_PORT"},
+		{name: "relative cert dir", env: map[string]string{"TRUSTD_CERT_DIR": "certs"}, wantErr: `"certs" is a relative path: give the absolute path`},
+		{name: "relative cert dir flag", flags: []string{"--cert-dir=./certs/"}, wantErr: "--cert-dir / $TRUSTD_CERT_DIR"},
 		{name: "bad listen", env: map[string]string{"TRUSTD_LISTEN_ADDRESS": "example.com"}, wantErr: "TRUSTD_LISTEN_ADDRESS"},
 		{name: "bad bool", env: map[string]string{"TRUSTD_DEBUG": "yes please"}, wantErr: "TRUSTD_DEBUG"},
 		{name: "bad cidr", env: map[string]string{"TRUSTD_ALLOWED_SAN_CIDRS": "10.0.0.0/33"}, wantErr: "TRUSTD_ALLOWED_SAN_CIDRS"},

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/backends"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/server"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
@@ -199,8 +202,9 @@ func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener) error {
 }
 
 func openSigner(ctx context.Context, cfg *config, log *slog.Logger) (signer.Signer, error) {
+	ctx = signer.WithKeyRole(ctx, cfg.signerRole())
 	if cfg.inlineCA != nil {
-		return (&file.Backend{Logger: log}).FromPEM(cfg.inlineCA, "$TRUSTD_OS_CA_KEY")
+		return (&file.Backend{Logger: log}).FromPEM(ctx, cfg.inlineCA, "$TRUSTD_OS_CA_KEY")
 	}
 	reg, err := backends.Registry(log)
 	if err != nil {
@@ -235,6 +239,7 @@ func setupServingCert(cfg *config, dir server.CertDir, holder *server.CertHolder
 		if _, err := c.Leaf.Verify(servedChainOptions(c, svc.Credentials().Pool())); err != nil {
 			log.Warn("serving certificate does not chain to the OS CA or accepted CAs; workers will refuse it", "error", err)
 		}
+		warnMissingSANs(c.Leaf, cfg.certSANs, log)
 		holder.Set(c)
 		m.SetServingExpiry(c.Leaf.NotAfter, time.Now())
 		log.Info("serving certificate loaded", "dns", c.Leaf.DNSNames, "ips", c.Leaf.IPAddresses, "not_after", c.Leaf.NotAfter)
@@ -264,4 +269,17 @@ func servedChainOptions(c *tls.Certificate, roots *x509.CertPool) x509.VerifyOpt
 		}
 	}
 	return opts
+}
+
+// signerRole is the signing key's role: a tiered node's intermediate when
+// an issuer chain is configured or present in the cert dir, else the OS
+// CA. Messages about the key (a file key's warning) name it.
+func (c *config) signerRole() signer.KeyRole {
+	if c.issuer != nil || c.issuerFile != "" {
+		return signer.RoleIntermediate
+	}
+	if _, err := os.Stat(filepath.Join(c.certDir, certdir.FileIssuerChain)); err == nil {
+		return signer.RoleIntermediate
+	}
+	return signer.RoleOSCA
 }
