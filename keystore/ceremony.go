@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto"
-	"crypto/ed25519"
-	"crypto/sha256"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -226,16 +224,7 @@ func VerifyDeviceSignature(s crypto.Signer, pub crypto.PublicKey, r io.Reader) e
 		return fmt.Errorf("challenge: %w", err)
 	}
 	msg = append([]byte("steward-trustd key ceremony check "), msg...)
-	var (
-		sig []byte
-		err error
-	)
-	if _, ok := pub.(ed25519.PublicKey); ok {
-		sig, err = s.Sign(r, msg, crypto.Hash(0))
-	} else {
-		sum := sha256.Sum256(msg)
-		sig, err = s.Sign(r, sum[:], crypto.SHA256)
-	}
+	sig, err := pki.SignMessage(s, r, msg)
 	if err != nil {
 		return fmt.Errorf("sign a test message on the device: %w", err)
 	}

@@ -65,8 +65,8 @@ func readDigested(path, name string, optional bool, h *digestBuilder) ([]byte, e
 	return b, err
 }
 
-// Credentials reads token, os-ca.crt, accepted-cas.crt and issuer.crt
-// and checks them with LoadCredentials.
+// Credentials reads token, os-ca.crt, accepted-cas.crt, its trust
+// statement and issuer.crt and checks them with LoadCredentials.
 func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	var h digestBuilder
 	token, err := d.read(certdir.FileToken, d.Token, false, &h)
@@ -81,11 +81,15 @@ func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	if err != nil {
 		return nil, h.sum(), fmt.Errorf("accepted CAs: %w", err)
 	}
+	statement, err := d.read(certdir.FileTrustStatement, nil, true, &h)
+	if err != nil {
+		return nil, h.sum(), fmt.Errorf("trust statement: %w", err)
+	}
 	issuer, source, err := d.readIssuer(&h)
 	if err != nil {
 		return nil, h.sum(), fmt.Errorf("issuer chain: %w", err)
 	}
-	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, IssuerChain: issuer, IssuerSource: source}
+	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, TrustStatement: statement, IssuerChain: issuer, IssuerSource: source}
 	c, err := LoadCredentials(files, d.SignerPublic, clockOrDefault(d.Clock)())
 	return c, h.sum(), err
 }
@@ -144,7 +148,8 @@ func (h *digestBuilder) sum() Digest { return sha256.Sum256(h.parts) }
 // certificate when their files change. Kubernetes updates a mounted
 // Secret by swapping a symlink, which an inotify watch on the files would
 // miss; reading by name every few seconds sees it. A broken new file set
-// is refused and the running one kept.
+// is refused and the running one kept; so is one whose `ca` set the root
+// did not vouch for (TrustError, trustd_reload_failed{what="trust"}).
 type Reloader struct {
 	Dir     CertDir
 	Service *Service
@@ -155,19 +160,41 @@ type Reloader struct {
 	Logger  *slog.Logger
 	Clock   func() time.Time
 
-	creds, serving       Digest
-	badCreds, badServing Digest
+	creds, serving watched
+	trust          trustGuard
 }
 
-// Prime records the digests of what the daemon loaded at start.
-func (r *Reloader) Prime(creds, serving Digest) { r.creds, r.serving = creds, serving }
+// watched is where one file set stands: the digest running and the one
+// last refused, with the metric label it was refused under.
+type watched struct {
+	current, bad Digest
+	badWhat      string
+}
+
+// Prime records the digests of what the daemon loaded at start, and its
+// trust statement as the newest seen.
+func (r *Reloader) Prime(creds, serving Digest) {
+	r.creds.current, r.serving.current = creds, serving
+	if c := r.Service.Credentials(); c != nil {
+		r.trust.installed(c)
+	}
+}
 
 // Check reloads what changed since the last check.
 func (r *Reloader) Check() {
 	now := clockOrDefault(r.Clock)()
 	c, d, err := r.Dir.Credentials()
-	r.apply("credentials", d, err, &r.creds, &r.badCreds, func() {
+	what := "credentials"
+	if err == nil && d != r.creds.current {
+		if terr := r.trust.check(r.Service.Credentials(), c); terr != nil {
+			what, err = reloadTrust, terr
+		}
+	}
+	r.apply(what, d, err, &r.creds, func() {
+		logServedChange(r.log(), r.Service.Credentials(), c)
 		r.Service.SetCredentials(c)
+		r.trust.installed(c)
+		r.Metrics.SetReloadFailed(reloadTrust, false)
 		r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize())
 		LogIssuer(r.log(), c, now)
 	})
@@ -178,7 +205,7 @@ func (r *Reloader) Check() {
 	if err == nil && cert == nil {
 		err = errors.New("serving certificate files were removed")
 	}
-	r.apply("serving", d, err, &r.serving, &r.badServing, func() {
+	r.apply("serving", d, err, &r.serving, func() {
 		r.Holder.Set(cert)
 		r.Metrics.SetServingExpiry(cert.Leaf.NotAfter, now)
 		r.log().Info("serving certificate reloaded", "not_after", cert.Leaf.NotAfter)
@@ -187,27 +214,38 @@ func (r *Reloader) Check() {
 
 // apply installs a changed file set, or refuses a broken one; files back
 // at the running content clear an earlier refusal (trustd_reload_failed).
-func (r *Reloader) apply(what string, d Digest, err error, current, bad *Digest, install func()) {
-	if d == *current {
-		if *bad != (Digest{}) {
-			*bad = Digest{}
-			r.Metrics.SetReloadFailed(what, false)
-			r.log().Info("cert dir back to the running "+what+"; the refused change is gone", "what", what)
+func (r *Reloader) apply(what string, d Digest, err error, w *watched, install func()) {
+	if d == w.current {
+		if w.bad != (Digest{}) {
+			r.Metrics.SetReloadFailed(w.badWhat, false)
+			r.log().Info("cert dir back to the running "+w.badWhat+"; the refused change is gone", "what", w.badWhat)
+			w.bad = Digest{}
 		}
 		return
 	}
 	if err != nil {
-		if d == *bad {
+		if d == w.bad {
 			return // already reported this broken content
 		}
-		*bad = d
+		w.bad, w.badWhat = d, what
 		r.Metrics.ObserveReload(what, err)
-		r.log().Error("reload refused; keeping the running "+what, "error", err)
+		r.logRefused(what, err)
 		return
 	}
 	install()
-	*current, *bad = d, Digest{}
+	w.current, w.bad = d, Digest{}
 	r.Metrics.ObserveReload(what, nil)
+}
+
+// logRefused logs a refused reload: at WARN with the CAs' fingerprints
+// for a `ca` set the root did not vouch for, at ERROR otherwise.
+func (r *Reloader) logRefused(what string, err error) {
+	var te *TrustError
+	if errors.As(err, &te) {
+		r.log().Warn("reload refused: the root does not vouch for the ca set it would serve; keeping the running credentials", "reason", te.Reason, "cas", te.CAs)
+		return
+	}
+	r.log().Error("reload refused; keeping the running "+what, "error", err)
 }
 
 // Run checks every interval until ctx ends.

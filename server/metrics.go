@@ -81,7 +81,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	// Every label value an alert rule uses exists from the start at 0,
 	// so that increase() sees the first event.
 	initLabels(m.denied, "auth", "policy", "bad_csr", "oversized", "rate_limit", "saturated", "signer", "other")
-	for _, what := range []string{"credentials", "serving"} {
+	for _, what := range []string{"credentials", "serving", reloadTrust} {
 		initLabels(m.reloads.MustCurryWith(prometheus.Labels{"what": what}), "ok", "error")
 		m.reloadFailed.WithLabelValues(what).Set(0)
 	}

@@ -301,7 +301,7 @@ func TestReload(t *testing.T) {
 		}
 	}
 	mkgen("gen1", map[string][]byte{certdir.FileToken: []byte(testToken), certdir.FileCACert: ca.pem})
-	for _, f := range []string{certdir.FileToken, certdir.FileCACert, certdir.FileAcceptedCAs} {
+	for _, f := range []string{certdir.FileToken, certdir.FileCACert, certdir.FileAcceptedCAs, certdir.FileTrustStatement} {
 		if err := os.Symlink(filepath.Join("..data", f), filepath.Join(root, f)); err != nil {
 			t.Fatal(err)
 		}
@@ -328,7 +328,7 @@ func TestReload(t *testing.T) {
 		t.Fatal("reloaded without a change")
 	}
 	// A new token and an accepted CA: swapped in without a restart.
-	mkgen("gen2", map[string][]byte{certdir.FileToken: []byte("new-token"), certdir.FileCACert: ca.pem, certdir.FileAcceptedCAs: other.pem})
+	mkgen("gen2", map[string][]byte{certdir.FileToken: []byte("new-token"), certdir.FileCACert: ca.pem, certdir.FileAcceptedCAs: other.pem, certdir.FileTrustStatement: ca.vouch(t, 1, other)})
 	rl.Check()
 	if _, err := svc.Certificate(tokenCtx(testToken), req); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("old token after reload: %v", err)

@@ -103,6 +103,7 @@ func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server
 		return nil, nil, err
 	}
 	server.LogIssuer(d.log, creds, time.Now())
+	server.LogTrust(d.log, creds, metrics)
 	svc, err := server.New(server.Config{
 		Signer:      sgn,
 		Credentials: creds,

@@ -43,6 +43,10 @@ const (
 	FileToken = "token"
 	// FileAcceptedCAs holds CAs trusted besides os-ca.crt (during a rotation).
 	FileAcceptedCAs = "accepted-cas.crt"
+	// FileTrustStatement is the root's signed statement naming the CAs
+	// of accepted-cas.crt it vouches for (TrustStatement); the daemon
+	// serves no other accepted CA.
+	FileTrustStatement = "accepted-cas.statement.json"
 	// FileNextCACert is the new CA of a rotation in progress.
 	FileNextCACert = "os-ca.next.crt"
 	// FileKubernetesSecret is the Secret manifest for the daemon's cert dir.
