@@ -160,19 +160,27 @@ func without(certs []*x509.Certificate, drop ...*x509.Certificate) []*x509.Certi
 }
 
 // clusterFiles builds the cluster-level outputs derived from the CA state:
-// os-ca.crt, token, accepted-cas.crt (or its removal), the Kubernetes
-// Secret (the daemon's cert dir without any CA key; server.crt/server.key
-// included when given) and the worker patch.
-func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certificate, token string, server map[string][]byte) ([]File, error) {
+// the root's trust statement (or its removal when nil), os-ca.crt, token,
+// accepted-cas.crt (or its removal), the Kubernetes Secret (the daemon's
+// cert dir without any CA key; server.crt/server.key included when given)
+// and the worker patch. The statement goes first: a run killed before
+// os-ca.crt is rewritten leaves a statement by a root the directory
+// still names (os-ca.next.crt during a rotation's finish).
+func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certificate, token string, server map[string][]byte, statement []byte) ([]File, error) {
 	if cluster == "" {
 		cluster = "talos"
 	}
 	caPEM := pki.EncodeCertificates(ca)
 	content := map[string][]byte{certdir.FileCACert: caPEM, certdir.FileToken: []byte(token)}
-	files := []File{
-		{Name: certdir.FileCACert, Data: caPEM, Mode: 0o644},
-		{Name: certdir.FileToken, Data: []byte(token), Mode: 0o600},
+	files := []File{{Name: certdir.FileTrustStatement, Remove: true}}
+	if statement != nil {
+		content[certdir.FileTrustStatement] = statement
+		files[0] = File{Name: certdir.FileTrustStatement, Data: statement, Mode: 0o644}
 	}
+	files = append(files,
+		File{Name: certdir.FileCACert, Data: caPEM, Mode: 0o644},
+		File{Name: certdir.FileToken, Data: []byte(token), Mode: 0o600},
+	)
 	if len(accepted) > 0 {
 		acc := pki.EncodeCertificates(accepted...)
 		content[certdir.FileAcceptedCAs] = acc

@@ -487,7 +487,7 @@ func TestRotation(t *testing.T) {
 	}
 	oldClient := issueClient(t, c, oldURI, d.Path(certdir.FileCACert), nil, []string{"os:admin"}, filepath.Join(root, "old.talosconfig"))
 
-	startRotation(t, c, d, newURI)
+	startRotation(t, c, d, oldURI, newURI)
 	next := checkRotationFiles(t, d)
 	trust, _ := trustBundle(d)
 	newClient := issueClient(t, c, newURI, d.Path(certdir.FileNextCACert), append(trust, next), []string{"os:admin"}, filepath.Join(root, "new.talosconfig"))
@@ -513,19 +513,23 @@ func TestRotation(t *testing.T) {
 	}
 }
 
-// startRotation starts a rotation to newURI in d, checking that finish
-// is refused before the start and that a re-run of the start resumes
-// rather than creating another key.
-func startRotation(t *testing.T, c *keystore.Ceremony, d keystore.Dir, newURI string) {
+// startRotation starts a rotation from oldURI to newURI in d, checking
+// that finish is refused before the start, that the start needs the
+// current root's key, and that a re-run of the start resumes rather than
+// creating another key.
+func startRotation(t *testing.T, c *keystore.Ceremony, d keystore.Dir, oldURI, newURI string) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := c.RotateFinish(ctx, d, keystore.RotateFinishOptions{NewSignerURI: newURI}); !errors.Is(err, keystore.ErrNoRotation) {
 		t.Fatalf("finish before start: %v", err)
 	}
-	if _, err := c.Rotate(ctx, d, keystore.RotateOptions{NewSignerURI: newURI}); err != nil {
+	if _, err := c.Rotate(ctx, d, keystore.RotateOptions{NewSignerURI: newURI}); err == nil {
+		t.Fatal("rotation started without the current root's key")
+	}
+	if _, err := c.Rotate(ctx, d, keystore.RotateOptions{SignerURI: oldURI, NewSignerURI: newURI}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := c.Rotate(ctx, d, keystore.RotateOptions{NewSignerURI: newURI})
+	res, err := c.Rotate(ctx, d, keystore.RotateOptions{SignerURI: oldURI, NewSignerURI: newURI})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,8 @@ func TestParseBundle(t *testing.T) {
 }
 
 func TestReadBundleAndClientTrust(t *testing.T) {
-	a, b, next := newCA(t, "a"), newCA(t, "b"), newCA(t, "next")
+	aKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	a, b, next := newSignedCA(t, aKey), newCA(t, "b"), newCA(t, "next")
 	dir := t.TempDir()
 	d := OSDir(dir)
 	if _, _, err := ReadBundle(d); !errors.Is(err, fs.ErrNotExist) {
@@ -100,8 +101,18 @@ func TestReadBundleAndClientTrust(t *testing.T) {
 	}
 	write(FileAcceptedCAs, b)
 	write(FileNextCACert, next)
+	if _, bundle, err := ReadBundle(d); err != nil || len(bundle) != 1 {
+		t.Fatalf("with accepted-cas.crt the root did not vouch for: %d, %v", len(bundle), err)
+	}
+	statement, err := SignTrustStatement(aKey, rand.Reader, NewTrustStatement(a, 1, time.Now(), []*x509.Certificate{b}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, FileTrustStatement), statement, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, bundle, err := ReadBundle(d); err != nil || len(bundle) != 2 {
-		t.Fatalf("with accepted-cas.crt: %d, %v", len(bundle), err)
+		t.Fatalf("with accepted-cas.crt vouched for: %d, %v", len(bundle), err)
 	}
 	// A talosconfig signed by the next CA trusts every CA of the directory.
 	trust, err := ClientTrust(next, d)
