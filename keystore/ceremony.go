@@ -159,7 +159,8 @@ func without(certs []*x509.Certificate, drop ...*x509.Certificate) []*x509.Certi
 	return out
 }
 
-// clusterFiles builds the cluster-level outputs derived from the CA state:
+// clusterFiles builds the cluster-level outputs derived from the CA state
+// (token is the token file's content, one token per line):
 // the root's trust statement (or its removal when nil), os-ca.crt, token,
 // accepted-cas.crt (or its removal), the Kubernetes Secret (the daemon's
 // cert dir without any CA key; server.crt/server.key included when given)
@@ -171,7 +172,8 @@ func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certifi
 		cluster = "talos"
 	}
 	caPEM := pki.EncodeCertificates(ca)
-	content := map[string][]byte{certdir.FileCACert: caPEM, certdir.FileToken: []byte(token)}
+	tokenFile := certdir.TokenFile(token)
+	content := map[string][]byte{certdir.FileCACert: caPEM, certdir.FileToken: tokenFile}
 	files := []File{{Name: certdir.FileTrustStatement, Remove: true}}
 	if statement != nil {
 		content[certdir.FileTrustStatement] = statement
@@ -179,7 +181,7 @@ func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certifi
 	}
 	files = append(files,
 		File{Name: certdir.FileCACert, Data: caPEM, Mode: 0o644},
-		File{Name: certdir.FileToken, Data: []byte(token), Mode: 0o600},
+		File{Name: certdir.FileToken, Data: tokenFile, Mode: 0o600},
 	)
 	if len(accepted) > 0 {
 		acc := pki.EncodeCertificates(accepted...)
@@ -195,7 +197,9 @@ func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certifi
 	if err != nil {
 		return nil, err
 	}
-	patch, err := WorkerPatch(token, ca, accepted)
+	// One token, never several: a machine.token of two lines is valid
+	// config that Talos's client never sends.
+	patch, err := WorkerPatch(certdir.NewestToken(token), ca, accepted)
 	if err != nil {
 		return nil, err
 	}

@@ -111,9 +111,10 @@ func TestInit(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkCAProfile(t, ca)
-	token := string(readFile(t, d.Path(certdir.FileToken)))
-	if len(token) != 64 {
-		t.Errorf("token %d chars", len(token))
+	file := string(readFile(t, d.Path(certdir.FileToken)))
+	token, ok := strings.CutSuffix(file, "\n")
+	if !ok || len(token) != 64 {
+		t.Errorf("token file %q: want 64 hex characters and a newline (so that >> appends a line)", file)
 	}
 	checkModes(t, d, map[string]fs.FileMode{
 		certdir.FileCACert: 0o644, certdir.FileToken: 0o600, certdir.FileWorkerPatch: 0o600, certdir.FileKubernetesSecret: 0o600,

@@ -97,7 +97,7 @@ func TestPlanInit(t *testing.T) {
 			if tt.wantDone {
 				return
 			}
-			if got := string(fileData(p.files, certdir.FileToken)); got != tt.wantToken {
+			if got := string(fileData(p.files, certdir.FileToken)); got != tt.wantToken+"\n" {
 				t.Errorf("token %q, want %q", got, tt.wantToken)
 			}
 			if p.receipt.Operation != "init" || p.receipt.CertificateFingerprint != pki.CertFingerprint(ca) || p.receipt.KeyFingerprint != key.Fingerprint {

@@ -109,3 +109,37 @@ func trustRefusals(t *testing.T, c *keystore.Ceremony, d keystore.OSDir, uri str
 		t.Errorf("tampered statement: %v", err)
 	}
 }
+
+// TestWorkerPatchCarriesNewestToken (issue 20.3): during a token rotation
+// the token file holds two lines (the new one appended by the shell); a
+// ceremony command that rewrites the worker patch puts exactly the newest
+// (last) into machine.token and keeps both in the token file.
+func TestWorkerPatchCarriesNewestToken(t *testing.T) {
+	c := newCeremony(t)
+	root := t.TempDir()
+	uri, d := initCA(t, c, root)
+	path := d.Path(certdir.FileToken)
+	old := strings.TrimSpace(string(readFile(t, path)))
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const newer = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	if _, err := f.WriteString(newer + "\n"); err != nil { // openssl rand -hex 32 >> token
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := c.Trust(context.Background(), d, keystore.TrustOptions{SignerURI: uri, Root: mustCA(t, d, certdir.FileCACert), CA: selfSignedCA(t, "x")}); err != nil {
+		t.Fatal(err)
+	}
+	patch := string(readFile(t, d.Path(certdir.FileWorkerPatch)))
+	if !strings.Contains(patch, "token: "+newer+"\n") || strings.Contains(patch, old) {
+		t.Errorf("worker patch does not carry exactly the newest token:\n%s", patch)
+	}
+	if got := string(readFile(t, path)); got != old+"\n"+newer+"\n" {
+		t.Errorf("token file %q, want both tokens, one per line", got)
+	}
+	if _, err := keystore.WorkerPatch(old+"\n"+newer, mustCA(t, d, certdir.FileCACert), nil); err == nil {
+		t.Error("a worker patch with two tokens was rendered")
+	}
+}

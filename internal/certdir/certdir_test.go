@@ -179,3 +179,22 @@ func TestNewToken(t *testing.T) {
 		t.Error("short randomness accepted")
 	}
 }
+
+func TestTokenFile(t *testing.T) {
+	tests := []struct {
+		content, file, newest string
+	}{
+		{"abc", "abc\n", "abc"},
+		{"abc\n", "abc\n", "abc"},
+		{" abc \r\n\n def\n", "abc\ndef\n", "def"},
+		{"\n \n", "", ""},
+	}
+	for _, tt := range tests {
+		if got := string(TokenFile(tt.content)); got != tt.file {
+			t.Errorf("TokenFile(%q) = %q, want %q", tt.content, got, tt.file)
+		}
+		if got := NewestToken(tt.content); got != tt.newest {
+			t.Errorf("NewestToken(%q) = %q, want %q", tt.content, got, tt.newest)
+		}
+	}
+}
