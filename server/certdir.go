@@ -91,7 +91,29 @@ func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	}
 	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, TrustStatement: statement, IssuerChain: issuer, IssuerSource: source}
 	c, err := LoadCredentials(files, d.SignerPublic, clockOrDefault(d.Clock)())
+	if err == nil && d.Token == nil {
+		c.tokenFileMode = fileMode(filepath.Join(d.Dir, certdir.FileToken))
+	}
 	return c, h.sum(), err
+}
+
+// fileMode is the permission bits of path (after symlinks: a Secret
+// mount's file), 0 if it cannot be read.
+func fileMode(path string) fs.FileMode {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Mode().Perm()
+}
+
+// LogTokenFile warns when the token file is readable by every user of
+// the host: the token lets anyone obtain apid certificates.
+func LogTokenFile(log *slog.Logger, c *Credentials) {
+	if c.tokenFileMode&0o004 != 0 {
+		log.Warn("the token file is readable by every user on this host; chmod 600 it (Kubernetes: defaultMode 0440 or 0400 on the Secret volume)",
+			"file", certdir.FileToken, "mode", fmt.Sprintf("%04o", c.tokenFileMode))
+	}
 }
 
 // readIssuer reads the issuer chain: inline, from IssuerFile (required),
@@ -159,6 +181,10 @@ type Reloader struct {
 	Metrics *Metrics
 	Logger  *slog.Logger
 	Clock   func() time.Time
+	// ForceTokenReplace lets a token file that shares no token with the
+	// running set be installed (TRUSTD_TOKEN_RELOAD_FORCE); otherwise it
+	// is refused as TokenError.
+	ForceTokenReplace bool
 
 	creds, serving watched
 	trust          trustGuard
@@ -186,17 +212,17 @@ func (r *Reloader) Check() {
 	c, d, err := r.Dir.Credentials()
 	what := "credentials"
 	if err == nil && d != r.creds.current {
-		if terr := r.trust.check(r.Service.Credentials(), c); terr != nil {
-			what, err = reloadTrust, terr
-		}
+		what, err = r.vet(c)
 	}
 	r.apply(what, d, err, &r.creds, func() {
 		logServedChange(r.log(), r.Service.Credentials(), c)
 		r.Service.SetCredentials(c)
 		r.trust.installed(c)
 		r.Metrics.SetReloadFailed(reloadTrust, false)
-		r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize())
+		r.Metrics.SetReloadFailed(reloadToken, false)
+		r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize(), "tokens", c.tokens.fingerprints())
 		LogIssuer(r.log(), c, now)
+		LogTokenFile(r.log(), c)
 	})
 	if r.Holder == nil {
 		return
@@ -210,6 +236,21 @@ func (r *Reloader) Check() {
 		r.Metrics.SetServingExpiry(cert.Leaf.NotAfter, now)
 		r.log().Info("serving certificate reloaded", "not_after", cert.Leaf.NotAfter)
 	})
+}
+
+// vet checks changed credentials against the running ones: the `ca` set
+// must be vouched for by the root, and the token file must keep a
+// running token unless forced. It returns the label a refusal is counted
+// under.
+func (r *Reloader) vet(c *Credentials) (string, error) {
+	running := r.Service.Credentials()
+	if err := r.trust.check(running, c); err != nil {
+		return reloadTrust, err
+	}
+	if err := checkTokenChange(running.tokens, c.tokens, r.ForceTokenReplace); err != nil {
+		return reloadToken, err
+	}
+	return "credentials", nil
 }
 
 // apply installs a changed file set, or refuses a broken one; files back
@@ -243,6 +284,11 @@ func (r *Reloader) logRefused(what string, err error) {
 	var te *TrustError
 	if errors.As(err, &te) {
 		r.log().Warn("reload refused: the root does not vouch for the ca set it would serve; keeping the running credentials", "reason", te.Reason, "cas", te.CAs)
+		return
+	}
+	var ke *TokenError
+	if errors.As(err, &ke) {
+		r.log().Warn("reload refused: the token file keeps no running token; keeping the running tokens", "error", err)
 		return
 	}
 	r.log().Error("reload refused; keeping the running "+what, "error", err)

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"io/fs"
 	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
@@ -29,6 +30,8 @@ type Credentials struct {
 	bundleSize int
 	// trust is how the root's statement decided the bundle.
 	trust *certdir.Trust
+	// tokenFileMode is the token file's permissions (0: inline token).
+	tokenFileMode fs.FileMode
 }
 
 // CredentialFiles are the contents of the credential files; nil means

@@ -318,7 +318,9 @@ func TestReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl := &Reloader{Dir: dir, Service: svc, Metrics: m, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
+	// Forced: this test swaps whole token sets (TestTokenReloadGuard
+	// covers the refusal).
+	rl := &Reloader{Dir: dir, Service: svc, Metrics: m, Logger: slog.New(slog.NewJSONHandler(&logs, nil)), ForceTokenReplace: true}
 	rl.Prime(d, Digest{})
 	req := &securityapi.CertificateRequest{Csr: makeCSR(t, csrSpec{key: newKey(t, "p256"), dns: []string{"w"}})}
 	tokenCtx := func(tok string) context.Context { return peerCtx("10.0.0.1", tok) }
@@ -462,8 +464,9 @@ func TestReloadUnreadableFile(t *testing.T) {
 }
 
 // TestReloadDropsRemovedTokenIndexes: after a rotation removes a token,
-// trustd_token_used_total has no series for an index that no longer
-// exists (a frozen counter would read as "a token nobody uses").
+// trustd_token_used_total has no series for a token that no longer
+// exists (a frozen counter would read as "a token nobody uses"), and the
+// kept token keeps its series although its line moved.
 func TestReloadDropsRemovedTokenIndexes(t *testing.T) {
 	ca := newTestCA(t, signer.ECDSAP256)
 	reg := prometheus.NewRegistry()
@@ -475,8 +478,12 @@ func TestReloadDropsRemovedTokenIndexes(t *testing.T) {
 	if n := testutil.CollectAndCount(m.tokenUsed); n != 2 {
 		t.Fatalf("%d token series with two tokens, want 2", n)
 	}
+	m.tokenMatched(fingerprintOf("new-token"))
 	svc.SetCredentials(ca.credentials(t, "new-token"))
 	if n := testutil.CollectAndCount(m.tokenUsed); n != 1 {
 		t.Fatalf("%d token series after removing a token, want 1", n)
+	}
+	if got := testutil.ToFloat64(m.tokenUsed.WithLabelValues(fingerprintOf("new-token"))); got != 1 {
+		t.Fatalf("the kept token's count %v after it moved to line 1, want 1", got)
 	}
 }

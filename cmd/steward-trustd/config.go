@@ -62,6 +62,7 @@ func settings() []setting {
 		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "hard bound on requests holding or waiting for the signer; beyond it the worker seen last gets ResourceExhausted at once (default 1024)", false},
 		{"signer-wait", "TRUSTD_SIGNER_WAIT", "deadline of a request that carries none; a request waits for the signer until its deadline and reaches it only if it can finish by then (default 2s)", false},
 		{"reload-interval", "TRUSTD_RELOAD_INTERVAL", "how often the cert dir is checked for changes (default 5s)", false},
+		{"token-reload-force", "TRUSTD_TOKEN_RELOAD_FORCE", "let a hot reload install a token file that keeps none of the running tokens (default false: refused, every worker would fail; a restart always takes the file)", false},
 		{"ready-window", "TRUSTD_READY_WINDOW", "the signer counts as ready for this long after a good signature; idle, it is probed every half window (default 30s)", false},
 	}
 }
@@ -81,7 +82,9 @@ func registerFlags(fs *pflag.FlagSet) {
 }
 
 // isBoolSetting tells the settings that are true or false.
-func isBoolSetting(flag string) bool { return flag == "debug" || flag == "require-peer-ip" }
+func isBoolSetting(flag string) bool {
+	return flag == "debug" || flag == "require-peer-ip" || flag == "token-reload-force"
+}
 
 // lookup returns a setting's value: the flag if given, else the environment.
 type lookup func(name string) (string, bool)
@@ -123,6 +126,7 @@ type config struct {
 	conns          server.ConnLimits
 	reloadInterval time.Duration
 	readyWindow    time.Duration
+	tokenForce     bool
 }
 
 // configError names the setting at fault, so the daemon exits with one
@@ -221,6 +225,9 @@ func loadInline(c *config, get lookup) error {
 func loadPolicy(c *config, get lookup) error {
 	var err error
 	if c.peerIP, err = boolSetting(get, "require-peer-ip"); err != nil {
+		return err
+	}
+	if c.tokenForce, err = boolSetting(get, "token-reload-force"); err != nil {
 		return err
 	}
 	if v, ok := get("cert-sans"); ok {

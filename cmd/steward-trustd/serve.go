@@ -104,6 +104,7 @@ func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server
 	}
 	server.LogIssuer(d.log, creds, time.Now())
 	server.LogTrust(d.log, creds, metrics)
+	server.LogTokenFile(d.log, creds)
 	svc, err := server.New(server.Config{
 		Signer:      sgn,
 		Credentials: creds,
@@ -128,7 +129,7 @@ func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server
 	if d.selfIssuer != nil {
 		d.readiness.Observe(nil) // that was a real signature: no readiness probe needed on a slow TPM
 	}
-	d.reloader = &server.Reloader{Dir: dir, Service: svc, Metrics: metrics, Logger: d.log}
+	d.reloader = &server.Reloader{Dir: dir, Service: svc, Metrics: metrics, Logger: d.log, ForceTokenReplace: cfg.tokenForce}
 	if d.selfIssuer == nil && cfg.srvCrt == nil {
 		d.reloader.Holder = holder
 	}
