@@ -56,6 +56,14 @@ func TestUsageErrors(t *testing.T) {
 		{"force with a value that is no bool", []string{"init", "--force=maybe"}, "--force"},
 		{"status bad output", []string{"status", "--signer", key, "--output", "xml"}, "--output must be text or json"},
 		{"doctor missing config", []string{"doctor"}, "--machineconfig"},
+		{"rotate without the current root", []string{"rotate", "--new-signer", key, "--out", dir}, "--signer not set: the current root's key vouches"},
+		{"intermediate rotate with --signer", []string{"rotate", "--intermediate", "--signer", key, "--new-signer", key, "--out", dir, "--name", "n"}, "--signer applies to a root rotation"},
+		{"trust without CA", []string{"trust", "add", "--signer", key, "--ca", "x"}, "accepts 1 arg"},
+		{"trust without signer", []string{"trust", "remove", "--ca", "x", "y"}, "--signer"},
+		{"fleet check without nodes", []string{"fleet", "check", "--ca", "x"}, "--nodes"},
+		{"fleet check concurrency", []string{"fleet", "check", "--ca", "x", "--nodes", "10.0.0.0/30", "--concurrency", "0"}, "--concurrency 0"},
+		{"fleet check timeout", []string{"fleet", "check", "--ca", "x", "--nodes", "10.0.0.0/30", "--timeout", "2m"}, "--timeout 2m0s"},
+		{"fleet check huge CIDR", []string{"fleet", "check", "--ca", "x", "--nodes", "10.0.0.0/8"}, "more than the limit of 1024"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/steward-trustd/steward-trustd/internal/apidtest"
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/doctor"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
@@ -100,4 +101,44 @@ func served(t *testing.T, addr string, wc *doctor.WorkerConfig) int {
 		t.Fatalf("worker request: %v", err)
 	}
 	return len(resp.Bundle)
+}
+
+// TestFleetCheck runs `fleet check` against two apid-like servers
+// configured from a real daemon response: one as the daemon answered
+// (clean), one as a compromised trustd would answer (the same bundle plus
+// a CA of its own). Exit 1, one line per node, only the poisoned one
+// flagged, naming the extra CA.
+func TestFleetCheck(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "ceremony")
+	key := "file:" + filepath.Join(root, "os-ca.key")
+	mustCeremony(t, nil, "init", "--signer", key, "--cluster", "fleet", "--out", dir)
+	d := startDaemon(t, dir, key)
+	bundle, serving := workerCertificate(t, d.Addr, workerConfig(t, filepath.Join(dir, certdir.FileWorkerPatch)))
+	clean, err := apidtest.Start(serving, bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { clean.Close() })
+	evilKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	evil, err := pki.NewCACertificate(evilKey, pki.CAOptions{Cluster: "intruder"}, time.Now(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poisoned, err := apidtest.Start(serving, append(bundle, evil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { poisoned.Close() })
+	nodes := filepath.Join(root, "nodes")
+	writeFile(t, nodes, []byte(clean.Addr()+"\n"+poisoned.Addr()+"\n"))
+
+	r := ceremony(t, nil, "fleet", "check", "--nodes", nodes, "--ca", filepath.Join(dir, certdir.FileCACert), "--timeout", "10s")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 1 || len(lines) != 2 || !strings.HasPrefix(lines[0], "OK") || !strings.HasPrefix(lines[1], "FLAGGED") || !strings.Contains(lines[1], "CN=intruder") {
+		t.Fatalf("fleet check: %s", r)
+	}
+	if r := ceremony(t, nil, "fleet", "check", "--nodes", "10.0.0.0/8", "--ca", filepath.Join(dir, certdir.FileCACert)); r.code != 2 || !strings.Contains(r.stderr, "more than the limit") {
+		t.Errorf("a /8: %s", r)
+	}
 }
