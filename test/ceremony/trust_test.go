@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/steward-trustd/steward-trustd/internal/apidtest"
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/doctor"
@@ -141,4 +143,37 @@ func TestFleetCheck(t *testing.T) {
 	if r := ceremony(t, nil, "fleet", "check", "--nodes", "10.0.0.0/8", "--ca", filepath.Join(dir, certdir.FileCACert)); r.code != 2 || !strings.Contains(r.stderr, "more than the limit") {
 		t.Errorf("a /8: %s", r)
 	}
+}
+
+// TestDaemonCoreLimit (issue 18.3): the running daemon's core file size
+// limit is 0, soft and hard, though it was started with cores allowed —
+// so harden.AtStart ran in the real binary. (That the limit and
+// PR_SET_DUMPABLE leave no core on a crash is internal/harden's
+// TestCrashLeavesNoCore, against an unhardened control.)
+func TestDaemonCoreLimit(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "ceremony")
+	key := "file:" + filepath.Join(root, "os-ca.key")
+	mustCeremony(t, nil, "init", "--signer", key, "--cluster", "core", "--out", dir)
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_CORE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{Cur: lim.Max, Max: lim.Max}); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, dir, key)
+	if err := unix.Setrlimit(unix.RLIMIT_CORE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	limits := string(readFile(t, fmt.Sprintf("/proc/%d/limits", d.PID())))
+	for _, line := range strings.Split(limits, "\n") {
+		if strings.HasPrefix(line, "Max core file size") {
+			if f := strings.Fields(line); len(f) < 6 || f[4] != "0" || f[5] != "0" {
+				t.Errorf("daemon core limit: %q, want 0 0", line)
+			}
+			return
+		}
+	}
+	t.Fatalf("no core limit in /proc/%d/limits:\n%s", d.PID(), limits)
 }
