@@ -2,30 +2,22 @@ package keystore_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
-	"github.com/steward-trustd/steward-trustd/internal/pki"
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 func selfSignedCA(t *testing.T, name string) *x509.Certificate {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	ca, err := pki.NewCACertificate(key, pki.CAOptions{Cluster: name}, time.Now(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, _ := devtest.SelfSignedCA(t, name)
 	return ca
 }
 

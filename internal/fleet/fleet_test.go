@@ -10,11 +10,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/apidtest"
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 )
 
@@ -25,11 +27,7 @@ type testCA struct {
 
 func newCA(t *testing.T, cluster string) testCA {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	c, err := pki.NewCACertificate(key, pki.CAOptions{Cluster: cluster}, time.Now(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, key := devtest.SelfSignedCA(t, cluster)
 	return testCA{c, key}
 }
 
@@ -83,13 +81,7 @@ func noClientAuth(t *testing.T, cert tls.Certificate) string {
 
 func closedPort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(devtest.FreePort(t)))
 }
 
 // TestCheck: a worker configured from a clean response (the root, or the

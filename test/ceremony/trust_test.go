@@ -1,9 +1,6 @@
 package ceremony_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -14,6 +11,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/internal/apidtest"
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/internal/doctor"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 )
@@ -41,11 +39,7 @@ func trustStatement(t *testing.T, b backend) {
 
 	// The attack: a CA of our own, no key of the cluster needed.
 	evilPath := filepath.Join(root, "evil.crt")
-	evilKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	evil, err := pki.NewCACertificate(evilKey, pki.CAOptions{Cluster: "evil"}, time.Now(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	evil, _ := devtest.SelfSignedCA(t, "evil")
 	writeFile(t, evilPath, pki.EncodeCertificates(evil))
 	writeFile(t, filepath.Join(dir, certdir.FileAcceptedCAs), pki.EncodeCertificates(evil))
 	evilFP := pki.CertFingerprint(evil)
@@ -122,11 +116,7 @@ func TestFleetCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { clean.Close() })
-	evilKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	evil, err := pki.NewCACertificate(evilKey, pki.CAOptions{Cluster: "intruder"}, time.Now(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	evil, _ := devtest.SelfSignedCA(t, "intruder")
 	poisoned, err := apidtest.Start(serving, append(bundle, evil))
 	if err != nil {
 		t.Fatal(err)
