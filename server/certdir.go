@@ -5,15 +5,19 @@ import (
 	"crypto"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 )
 
 // CertDir reads the daemon's credentials from a directory (a mounted
@@ -34,6 +38,10 @@ type CertDir struct {
 	SignerPublic crypto.PublicKey
 	// Clock checks the issuer chain's validity; nil means time.Now.
 	Clock func() time.Time
+	// RootPins, if any, are the SHA-256 fingerprints (lower-case hex) of
+	// the only roots os-ca.crt may be: in the tiered setup nothing else
+	// ties os-ca.crt to anything at start (TRUSTD_ROOT_SHA256).
+	RootPins []string
 }
 
 // Digest identifies the content of one read of a file set, so that a
@@ -91,10 +99,22 @@ func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	}
 	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, TrustStatement: statement, IssuerChain: issuer, IssuerSource: source}
 	c, err := LoadCredentials(files, d.SignerPublic, clockOrDefault(d.Clock)())
+	if err == nil {
+		err = d.checkRootPin(c.CA())
+	}
 	if err == nil && d.Token == nil {
 		c.tokenFileMode = fileMode(filepath.Join(d.Dir, certdir.FileToken))
 	}
 	return c, h.sum(), err
+}
+
+// checkRootPin refuses an os-ca.crt that is not one of RootPins.
+func (d CertDir) checkRootPin(root *x509.Certificate) error {
+	fp := pki.CertFingerprint(root)
+	if len(d.RootPins) == 0 || slices.Contains(d.RootPins, fp) {
+		return nil
+	}
+	return fmt.Errorf("%s is %s, not a root pinned in $TRUSTD_ROOT_SHA256 (%s); put the pinned root back, or after a root rotation add the new root's fingerprint and restart", certdir.FileCACert, fp, strings.Join(d.RootPins, ","))
 }
 
 // fileMode is the permission bits of path (after symlinks: a Secret

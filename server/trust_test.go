@@ -172,3 +172,35 @@ func TestTrustRootChangeTiered(t *testing.T) {
 	td.write(map[string][]byte{certdir.FileCACert: next.pem, certdir.FileIssuerChain: issuedBy(next), certdir.FileAcceptedCAs: nil, certdir.FileTrustStatement: next.vouch(t, 2)})
 	td.want("rotation finished", []*testCA{next}, 0)
 }
+
+// TestRootPin: with TRUSTD_ROOT_SHA256 set, a cert dir whose os-ca.crt is
+// another root — in the tiered setup, one a cert-dir writer brought with
+// an issuer.crt forged for the intermediate's key — is refused at start,
+// not only at reload.
+func TestRootPin(t *testing.T) {
+	tier := newTestTier(t, nil)
+	evil := newTestCA(t, signer.ECDSAP256)
+	forged, err := pki.NewIntermediateCertificate(evil.cert, evil.signer, tier.inter.signer.Public(), pki.IntermediateOptions{Subject: pkix.Name{CommonName: "node-a"}}, time.Now(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := pki.CertFingerprint(tier.root.cert)
+	tests := []struct {
+		name        string
+		root, chain []byte
+		pins        []string
+		want        string
+	}{
+		{"pinned root", tier.root.pem, tier.inter.pem, []string{"00", pin}, ""},
+		{"no pin, forged root taken at start", evil.pem, pki.EncodeCertificates(forged), nil, ""},
+		{"pin, forged root", evil.pem, pki.EncodeCertificates(forged), []string{pin}, "not a root pinned"},
+	}
+	for _, tt := range tests {
+		dir := t.TempDir()
+		writeCertDir(t, dir, map[string][]byte{certdir.FileToken: []byte(testToken), certdir.FileCACert: tt.root, certdir.FileIssuerChain: tt.chain})
+		_, _, err := CertDir{Dir: dir, SignerPublic: tier.inter.signer.Public(), RootPins: tt.pins}.Credentials()
+		if (tt.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("%s: %v, want %q", tt.name, err, tt.want)
+		}
+	}
+}

@@ -97,7 +97,7 @@ func newDaemon(cfg *config, sgn signer.Signer, log *slog.Logger) (*daemon, error
 // the SecurityService and the reloader.
 func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server.Service, *server.CertHolder, error) {
 	cfg := d.cfg
-	dir := server.CertDir{Dir: cfg.certDir, Token: cfg.token, CACert: cfg.caPEM, IssuerChain: cfg.issuer, IssuerFile: cfg.issuerFile, SignerPublic: sgn.Public()}
+	dir := server.CertDir{Dir: cfg.certDir, Token: cfg.token, CACert: cfg.caPEM, IssuerChain: cfg.issuer, IssuerFile: cfg.issuerFile, SignerPublic: sgn.Public(), RootPins: cfg.rootPins}
 	creds, credsDigest, err := dir.Credentials()
 	if err != nil {
 		return nil, nil, err
