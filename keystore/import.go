@@ -226,7 +226,7 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	if cluster == "" {
 		cluster = src.Cert.Subject.CommonName
 	}
-	files, err := clusterFiles(cluster, src.Cert, nil, token, nil)
+	files, err := clusterFiles(cluster, src.Cert, nil, token, nil, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -165,7 +165,7 @@ func checkImported(t *testing.T, c *keystore.Ceremony, d keystore.Dir, uri strin
 		t.Error("os-ca.crt is not the imported CA")
 	}
 	tok, _ := os.ReadFile(d.Path(certdir.FileToken))
-	if token != "" && string(tok) != token {
+	if token != "" && string(tok) != token+"\n" {
 		t.Errorf("token %q, want the cluster's %q", tok, token)
 	}
 }

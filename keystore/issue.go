@@ -343,8 +343,10 @@ func planSecret(st *state, ca *x509.Certificate, extra map[string][]byte) (*File
 		return nil, nil
 	}
 	content := map[string][]byte{certdir.FileCACert: st.files[certdir.FileCACert], certdir.FileToken: st.files[certdir.FileToken]}
-	if acc, ok := st.files[certdir.FileAcceptedCAs]; ok {
-		content[certdir.FileAcceptedCAs] = acc
+	for _, n := range []string{certdir.FileAcceptedCAs, certdir.FileTrustStatement} {
+		if b, ok := st.files[n]; ok {
+			content[n] = b
+		}
 	}
 	for n, b := range extra {
 		content[n] = b

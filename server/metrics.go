@@ -1,7 +1,7 @@
 package server
 
 import (
-	"strconv"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -81,7 +81,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	// Every label value an alert rule uses exists from the start at 0,
 	// so that increase() sees the first event.
 	initLabels(m.denied, "auth", "policy", "bad_csr", "oversized", "rate_limit", "saturated", "signer", "other")
-	for _, what := range []string{"credentials", "serving"} {
+	for _, what := range []string{"credentials", "serving", reloadTrust, reloadToken} {
 		initLabels(m.reloads.MustCurryWith(prometheus.Labels{"what": what}), "ok", "error")
 		m.reloadFailed.WithLabelValues(what).Set(0)
 	}
@@ -118,8 +118,8 @@ func (m *Metrics) addFrontDoor() {
 		Help: "Connections without a valid token that ended without any request, by stage (handshake, before_request): the client left, or gRPC closed it for a protocol violation such as a header list far over the bound.",
 	}, []string{"stage"})
 	m.tokenUsed = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "trustd_token_used_total", Help: "Requests authenticated, by the index of the token that matched (0 = first line of the token file); never the token.",
-	}, []string{"index"})
+		Name: "trustd_token_used_total", Help: "Requests authenticated, by the fingerprint of the token that matched: the first 16 hex digits of its SHA-256 (printf %s TOKEN | sha256sum | cut -c1-16); never the token.",
+	}, []string{"fingerprint"})
 	// Every label value an alert rule uses exists from the start at 0,
 	// so that increase() sees the first event.
 	initLabels(m.connsRefused, closedPerAddress)
@@ -240,24 +240,27 @@ func (m *Metrics) inflight(delta float64) {
 	}
 }
 
-// SetTokenCount creates the per-token counters at 0 for n tokens and
-// drops those of indexes a reload removed: a frozen series would read as
-// a token no worker uses.
-func (m *Metrics) SetTokenCount(n int) {
+// SetTokens creates the per-token counters at 0 for the fingerprints now
+// and drops those of tokens a reload removed (in was, not in now): a
+// frozen series would read as a token no worker uses. A token kept
+// across a reload keeps its count, whatever its line.
+func (m *Metrics) SetTokens(was, now []string) {
 	if m == nil {
 		return
 	}
-	for i := range n {
-		m.tokenUsed.WithLabelValues(strconv.Itoa(i))
+	for _, fp := range now {
+		m.tokenUsed.WithLabelValues(fp)
 	}
-	for i := n; i < maxTokens; i++ {
-		m.tokenUsed.DeleteLabelValues(strconv.Itoa(i))
+	for _, fp := range was {
+		if !slices.Contains(now, fp) {
+			m.tokenUsed.DeleteLabelValues(fp)
+		}
 	}
 }
 
-func (m *Metrics) tokenMatched(index int) {
+func (m *Metrics) tokenMatched(fingerprint string) {
 	if m != nil {
-		m.tokenUsed.WithLabelValues(strconv.Itoa(index)).Inc()
+		m.tokenUsed.WithLabelValues(fingerprint).Inc()
 	}
 }
 

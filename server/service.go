@@ -113,16 +113,16 @@ func New(cfg Config) (*Service, error) {
 	s.limiter = newLimiter(cfg.RateLimits, s.now)
 	s.limiter.gate.observe(s.log, s.metrics, cfg.Signer.Describe().Backend)
 	s.metrics.SetCAExpiry(cfg.Credentials.CA().NotAfter, s.now())
-	s.metrics.SetTokenCount(cfg.Credentials.Tokens())
+	s.metrics.SetTokens(nil, cfg.Credentials.tokens.fingerprints())
 	return s, nil
 }
 
 // SetCredentials swaps token, CA and bundle; requests in flight finish
 // with the set they started with.
 func (s *Service) SetCredentials(c *Credentials) {
-	s.creds.Store(c)
+	was := s.creds.Swap(c)
 	s.metrics.SetCAExpiry(c.CA().NotAfter, s.now())
-	s.metrics.SetTokenCount(c.Tokens())
+	s.metrics.SetTokens(was.tokens.fingerprints(), c.tokens.fingerprints())
 }
 
 // Credentials returns the current credentials.
@@ -201,7 +201,7 @@ func (s *Service) authenticate(ctx context.Context, creds *Credentials, a netip.
 	if err != nil {
 		return s.limiter.wrongToken(a, err)
 	}
-	s.metrics.tokenMatched(idx)
+	s.metrics.tokenMatched(creds.tokens.fingerprint(idx))
 	// The connection is a worker's from now on, even if a limit refuses
 	// this request: it leaves the unauthenticated budget.
 	streamFrom(ctx).authenticated()

@@ -208,10 +208,12 @@ func rotateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var out, name string
 	var finish, intermediate bool
 	c := &cobra.Command{
-		Use:   "rotate --new-signer URI --out DIR [--finish] [--intermediate --name NAME]",
+		Use:   "rotate --signer URI --new-signer URI --out DIR [--finish] [--intermediate --name NAME]",
 		Short: "Start a CA rotation (new key, both CAs accepted), or finish it with --finish; --intermediate rotates a node's intermediate",
 		Long: `Without --intermediate, rotate replaces the OS CA (the root): a new key and CA that workers accept
-alongside the old one until --finish.
+alongside the old one until --finish. Starting needs --signer, the current root's key: it signs the
+trust statement (accepted-cas.statement.json) that vouches for the new CA, without which the daemon
+does not serve it. --finish has the new key sign the statement for the CAs still accepted.
 With --intermediate, DIR is a node's cert dir (os-ca.crt, issuer.crt): rotate creates the node's new
 intermediate key at --new-signer and writes DIR/issuer.next.csr for the root to sign into
 DIR/issuer.next.crt; the daemon keeps signing with the old key meanwhile. --finish checks the new
@@ -223,6 +225,9 @@ chain as the daemon will and makes it issuer.crt; then restart the daemon on the
 			d := keystore.OSDir{Root: out}
 			if finish {
 				return rotateFinish(cmd, env, stdout, stderr, d, o.NewSignerURI, intermediate)
+			}
+			if err := rootSignerFlag(o.SignerURI, intermediate); err != nil {
+				return err
 			}
 			var err error
 			if o.NewSignerURI, o.Algorithm, err = k.key(o.NewSignerURI); err != nil {
@@ -240,6 +245,7 @@ chain as the daemon will and makes it issuer.crt; then restart the daemon on the
 		},
 	}
 	f := c.Flags()
+	f.StringVar(&o.SignerURI, "signer", "", "key URI of the current CA (root) key, which vouches for the new CA; required to start a root rotation")
 	f.StringVar(&o.NewSignerURI, "new-signer", "", "key URI of the new CA key (created at start, used at --finish)")
 	f.BoolVar(&finish, "finish", false, "finish the rotation: the new CA becomes os-ca.crt, the old one is dropped")
 	f.BoolVar(&intermediate, "intermediate", false, "rotate this node's intermediate (tiered setup) instead of the root")
@@ -248,6 +254,19 @@ chain as the daemon will and makes it issuer.crt; then restart the daemon on the
 	cli.HoursVar(f, &o.Validity, "hours", 87600, cli.MaxCAHours, "new CA validity in hours")
 	f.StringVar(&out, "out", "", "ceremony directory (holds os-ca.crt and token), or with --intermediate the node's cert dir")
 	return c
+}
+
+// rootSignerFlag checks --signer when a rotation starts: required for the
+// root (the current root vouches for the new CA), refused for an
+// intermediate.
+func rootSignerFlag(uri string, intermediate bool) error {
+	switch {
+	case intermediate && uri != "":
+		return cli.Usagef("--signer applies to a root rotation; an intermediate rotation needs only --new-signer")
+	case !intermediate && uri == "":
+		return cli.Usagef("required flag(s) --signer not set: the current root's key vouches for the new CA")
+	}
+	return nil
 }
 
 // rotateIntermediate starts an intermediate rotation.

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/internal/harden"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -25,6 +26,8 @@ import (
 var version = "dev"
 
 func main() {
+	// Before anything reads a token, a PIN or a key.
+	harden.AtStart(os.Stderr, "steward-trustd-ceremony")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil)
 	stop()
@@ -63,6 +66,8 @@ Exit codes: 0 success, 1 the operation failed, 2 usage error.`,
 		talosconfigCmd(env, stdout, stderr),
 		serverCertCmd(env, stdout, stderr),
 		rotateCmd(env, stdout, stderr),
+		trustCmd(env, stdout, stderr),
+		fleetCmd(stdout),
 		intermediateCmd(env, stdout, stderr),
 		statusCmd(env, stdout, stderr),
 		attestCmd(env, stdout, stderr),

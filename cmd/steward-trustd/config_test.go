@@ -73,6 +73,20 @@ func TestLoadConfig(t *testing.T) {
 }
 
 // configCase is one configuration and what loading it must give.
+// TestLoadConfigTrust covers the root pin and the forced token reload.
+func TestLoadConfigTrust(t *testing.T) {
+	runConfigCases(t, []configCase{
+		{name: "bad root pin", env: map[string]string{"TRUSTD_ROOT_SHA256": "abc"}, wantErr: "TRUSTD_ROOT_SHA256"},
+		{name: "bad token force", env: map[string]string{"TRUSTD_TOKEN_RELOAD_FORCE": "maybe"}, wantErr: "TRUSTD_TOKEN_RELOAD_FORCE"},
+		{name: "root pins and token force", env: map[string]string{"TRUSTD_ROOT_SHA256": strings.Repeat("AB:", 31) + "AB, " + strings.Repeat("0", 64), "TRUSTD_TOKEN_RELOAD_FORCE": "true"},
+			check: func(t *testing.T, c *config) {
+				if len(c.rootPins) != 2 || c.rootPins[0] != strings.Repeat("ab", 32) || !c.tokenForce {
+					t.Fatalf("pins %v force %v", c.rootPins, c.tokenForce)
+				}
+			}},
+	})
+}
+
 type configCase struct {
 	name    string
 	env     map[string]string

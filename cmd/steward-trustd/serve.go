@@ -100,12 +100,14 @@ func newDaemon(cfg *config, sgn signer.Signer, log *slog.Logger) (*daemon, error
 // the SecurityService and the reloader.
 func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server.Service, *server.CertHolder, error) {
 	cfg := d.cfg
-	dir := server.CertDir{Dir: cfg.certDir, Token: cfg.token, CACert: cfg.caPEM, IssuerChain: cfg.issuer, IssuerFile: cfg.issuerFile, SignerPublic: sgn.Public()}
+	dir := server.CertDir{Dir: cfg.certDir, Token: cfg.token, CACert: cfg.caPEM, IssuerChain: cfg.issuer, IssuerFile: cfg.issuerFile, SignerPublic: sgn.Public(), RootPins: cfg.rootPins}
 	creds, credsDigest, err := dir.Credentials()
 	if err != nil {
 		return nil, nil, err
 	}
 	server.LogIssuer(d.log, creds, time.Now())
+	server.LogTrust(d.log, creds, metrics)
+	server.LogTokenFile(d.log, creds)
 	svc, err := server.New(server.Config{
 		Signer:      sgn,
 		Credentials: creds,
@@ -130,7 +132,7 @@ func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server
 	if d.selfIssuer != nil {
 		d.readiness.Observe(nil) // that was a real signature: no readiness probe needed on a slow TPM
 	}
-	d.reloader = &server.Reloader{Dir: dir, Service: svc, Metrics: metrics, Logger: d.log}
+	d.reloader = &server.Reloader{Dir: dir, Service: svc, Metrics: metrics, Logger: d.log, ForceTokenReplace: cfg.tokenForce}
 	if d.selfIssuer == nil && cfg.srvCrt == nil {
 		d.reloader.Holder = holder
 	}

@@ -27,6 +27,7 @@ import (
 	"strings"
 
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
+	"github.com/steward-trustd/steward-trustd/internal/harden"
 	"github.com/steward-trustd/steward-trustd/internal/secretmount"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -107,15 +108,36 @@ func (b *Backend) Open(ctx context.Context, uri string) (signer.Signer, error) {
 	if err := b.checkMode(path, f, st); err != nil {
 		return nil, err
 	}
-	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	data, err := b.readLocked(f, st.Size())
 	if err != nil {
 		return nil, fmt.Errorf("open key %s: %w", path, err)
 	}
+	defer func() { clear(data); harden.Unlock(data) }()
 	key, err := ParsePrivateKeyPEM(data)
 	if err != nil {
 		return nil, fmt.Errorf("open key %s: %w", path, err)
 	}
 	return b.newSigner(ctx, key, path)
+}
+
+// readLocked reads the key file into one buffer of its size, locked in
+// RAM first (harden.Lock) so the PEM never reaches swap; the caller
+// zeroes it after parsing. Go's crypto keeps the parsed key on the heap,
+// which no single lock covers: see README, "Core dumps and swap".
+func (b *Backend) readLocked(f *os.File, size int64) ([]byte, error) {
+	if size > harden.MaxLocked {
+		return nil, fmt.Errorf("%d bytes is too large for a PEM key file (limit %d)", size, harden.MaxLocked)
+	}
+	data := make([]byte, size)
+	if err := harden.Lock(data); err != nil && b.Logger != nil {
+		b.Logger.Warn("the CA key file's bytes could not be locked in memory and may reach swap", "error", err)
+	}
+	if _, err := io.ReadFull(f, data); err != nil {
+		clear(data)
+		harden.Unlock(data)
+		return nil, err
+	}
+	return data, nil
 }
 
 // checkMode refuses a key file that group or others may read, except a

@@ -134,7 +134,7 @@ func lifecycle(t *testing.T, b backend) {
 	oldTC := lr.clients(d, oldURI)
 
 	// Rotation: both CAs' clients work during the overlap.
-	lr.run(append([]string{"rotate", "--new-signer", newURI, "--out", dir}, initArgs...)...)
+	lr.run(append([]string{"rotate", "--signer", oldURI, "--new-signer", newURI, "--out", dir}, initArgs...)...)
 	d.Stop(t)
 	d = startDaemon(t, dir, oldURI, env...)
 	newTC := filepath.Join(root, "new.talosconfig")

@@ -266,7 +266,7 @@ func TestMigrateToSignedPolicy(t *testing.T) {
 	mustCeremony(t, nil, "init", "--signer", old, "--pcrs", "7", "--cluster", "m", "--out", dir)
 	auth := devtest.FileKey(t, root, "authority")
 	next := "tpm:path=" + filepath.Join(root, "new.tpmkey") + ";" + sw.URIAttrs() + ";approvals=" + filepath.Join(root, "approvals")
-	mustCeremony(t, nil, "rotate", "--new-signer", next, "--policy-authority", auth, "--out", dir)
+	mustCeremony(t, nil, "rotate", "--signer", old, "--new-signer", next, "--policy-authority", auth, "--out", dir)
 	if r := ceremony(t, nil, "rotate", "--finish", "--new-signer", next, "--policy-authority", auth, "--out", dir); r.code != 2 {
 		t.Errorf("--policy-authority with --finish: %s", r)
 	}
