@@ -143,3 +143,21 @@ func TestAttestImportedKeyRefused(t *testing.T) {
 		t.Fatalf("attest of an imported key: %s", r)
 	}
 }
+
+// TestAttestWhileDaemonServes is issue 20's outage: attest and attest
+// --challenge share the TPM (through the relay, as on make run-local)
+// with the daemon serving from it; the daemon's key and sessions are not
+// touched, so worker requests before, between and after all succeed.
+func TestAttestWhileDaemonServes(t *testing.T) {
+	n := newAttestedNode(t)
+	d := startDaemon(t, n.dir, n.uri)
+	wc := workerConfig(t, filepath.Join(n.dir, certdir.FileWorkerPatch))
+	workerCertificate(t, d.Addr, wc)
+	const nonce = "0123456789abcdef"
+	ev, ch := n.file("ev.json"), n.file("challenge.json")
+	mustCeremony(t, nil, "attest", "--signer", n.uri, "--ca", n.ca, "--nonce", nonce, "--out", ev)
+	workerCertificate(t, d.Addr, wc)
+	mustCeremony(t, nil, "verify-attestation", "--in", ev, "--ca", n.ca, "--nonce", nonce, "--ek-roots", n.ekRoots, "--challenge-out", ch)
+	mustCeremony(t, nil, "attest", "--signer", n.uri, "--challenge", ch, "--out", n.file("response"))
+	workerCertificate(t, d.Addr, wc)
+}

@@ -2,8 +2,9 @@ package relay
 
 // Client isolation, as the kernel's resource manager (/dev/tpmrm0) and
 // tpm2-abrmd give it: a client sees, uses and flushes only the transient
-// objects and sessions it created. Handles are not renumbered; instead a
-// command naming another client's handle is answered by the relay with
+// objects and sessions it created (objects it no longer finds loaded are
+// swapped back in, swap.go); a command naming another client's handle is
+// answered by the relay with
 // TPM_RC_HANDLE (TPM 2.0 Part 2 §6.6.3) without reaching the TPM, and a
 // listing of loaded handles (TPM2_GetCapability(TPM_CAP_HANDLES)) shows
 // only the client's own. Persistent objects, NV indices and PCRs are

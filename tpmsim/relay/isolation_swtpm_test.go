@@ -97,3 +97,38 @@ func sign(c transport.TPM, key *tpm2.CreatePrimaryResponse) (*tpm2.SignResponse,
 		}
 	}
 }
+
+// TestObjectsSwappedOut: swtpm holds three transient objects. A client
+// that needs all three while another client holds a key gets them (the
+// relay swaps the other's key out), and the owner's key signs again
+// afterwards under the handle it was given (swapped back in), whatever
+// number the TPM now uses for it.
+func TestObjectsSwappedOut(t *testing.T) {
+	sw := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
+	daemon, other := dialSwtpm(t, sw), dialSwtpm(t, sw)
+	key := signingKey(t, daemon)
+	var others []*tpm2.CreatePrimaryResponse
+	for range 3 {
+		others = append(others, signingKey(t, other))
+	}
+	if _, err := sign(daemon, key); err != nil {
+		t.Fatalf("the daemon's key after another client filled the TPM: %v", err)
+	}
+	for _, k := range others {
+		if _, err := sign(other, k); err != nil {
+			t.Fatalf("the other client's key 0x%08x: %v", uint32(k.ObjectHandle), err)
+		}
+	}
+	if _, err := sign(daemon, key); err != nil {
+		t.Fatalf("the daemon's key, swapped back once more: %v", err)
+	}
+	for _, k := range others {
+		if _, err := (tpm2.FlushContext{FlushHandle: k.ObjectHandle}).Execute(other); err != nil {
+			t.Fatalf("flush 0x%08x (loaded or swapped out): %v", uint32(k.ObjectHandle), err)
+		}
+	}
+	if _, err := (tpm2.FlushContext{FlushHandle: key.ObjectHandle}).Execute(daemon); err != nil {
+		t.Fatal(err)
+	}
+	sw.CheckNoLeaks(t)
+}

@@ -11,9 +11,9 @@
 // TPM2_Sign, a discrete chip's speed) is spent while the TPM is held, so
 // swtpm behaves like real hardware for benchmarks.
 //
-// Unlike a real resource manager it does not renumber handles or swap
-// contexts out: clients see the TPM's own handle numbers and share its
-// few object slots.
+// Like a real resource manager it swaps other clients' objects out when
+// the TPM's few object slots are full (swap.go); unlike one it does not
+// swap sessions, so clients share the TPM's session slots.
 package relay
 
 import (
@@ -73,6 +73,11 @@ type Relay struct {
 type client struct {
 	conn    net.Conn
 	objects map[tpm2.TPMHandle]struct{}
+	// real maps the client's handles that the TPM now knows by another
+	// number; saved holds the contexts of its swapped-out objects
+	// (swap.go).
+	real  map[tpm2.TPMHandle]tpm2.TPMHandle
+	saved map[tpm2.TPMHandle][]byte
 }
 
 // New returns a relay; Serve starts it.
@@ -129,6 +134,8 @@ func (r *Relay) Reset() {
 	r.dropUpstreamLocked()
 	for c, cl := range r.clients {
 		clear(cl.objects)
+		clear(cl.real)
+		clear(cl.saved)
 		c.Close()
 	}
 }
@@ -177,7 +184,10 @@ func (r *Relay) remove(c net.Conn) {
 		// Over a fresh connection if need be: swtpm keeps objects across
 		// connections.
 		for h := range cl.objects {
-			if _, err := r.roundTripLocked(flushCommand(h)); err != nil {
+			if _, saved := cl.saved[h]; saved {
+				continue
+			}
+			if _, err := r.roundTripLocked(flushCommand(tpm2.TPMHandle(cl.realHandle(uint32(h))))); err != nil {
 				r.log.Warn("TPM relay: flush of a departed client's object failed", "handle", fmt.Sprintf("0x%08x", uint32(h)), "error", err)
 				break
 			}
@@ -202,8 +212,15 @@ func (r *Relay) forward(c net.Conn, cmd []byte) ([]byte, error) {
 	if rsp := r.isolateLocked(cl, cmd, nh); rsp != nil {
 		return rsp, nil
 	}
+	if rsp := cl.flushSaved(cmd); rsp != nil {
+		return rsp, nil
+	}
 	start := time.Now()
-	rsp, err := r.roundTripLocked(cmd)
+	real, err := r.toRealLocked(cl, cmd, nh)
+	if err != nil {
+		return nil, err
+	}
+	rsp, err := r.roundTripEvictingLocked(cl, real)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +230,7 @@ func (r *Relay) forward(c net.Conn, cmd []byte) ([]byte, error) {
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
 		r.log.Debug("TPM command", "command", commandName(cc), "response_code", fmt.Sprintf("0x%x", ResponseCode(rsp)), "took", time.Since(start))
 	}
-	if h, ok := cl.track(cc, cmd, rsp, nh); ok {
+	if h, ok := cl.track(cc, cmd, rsp, nh); ok && uint32(h)>>24 != htTransient {
 		r.disownLocked(cl, h)
 	}
 	return rsp, nil
@@ -253,8 +270,9 @@ func (r *Relay) isolateLocked(cl *client, cmd []byte, nh int) []byte {
 	return nil
 }
 
-// disownLocked forgets h in every client but cl: the TPM just gave it
-// to cl, so any other claim on it was stale (a session the TPM ended).
+// disownLocked forgets session h in every client but cl: the TPM just
+// gave it to cl, so any other claim on it was stale (a session the TPM
+// ended). Object handles are per client (swap.go) and not disowned.
 func (r *Relay) disownLocked(cl *client, h tpm2.TPMHandle) {
 	for _, other := range r.clients {
 		if other != cl {
@@ -335,20 +353,19 @@ func (cl *client) track(cc tpm2.TPMCC, cmd, rsp []byte, nHandles int) (tpm2.TPMH
 	}
 	for _, s := range sessionsOf(cmd, nHandles) {
 		if s.ends && s.handle>>24 != htTransient {
-			delete(cl.objects, tpm2.TPMHandle(s.handle))
+			cl.forget(tpm2.TPMHandle(s.handle))
 		}
 	}
 	switch {
 	case createsHandle[cc] && len(rsp) >= 14:
 		// Response: header, then the handle area (Part 1 §18.8).
 		if h := binary.BigEndian.Uint32(rsp[10:14]); ownable(h) {
-			cl.objects[tpm2.TPMHandle(h)] = struct{}{}
-			return tpm2.TPMHandle(h), true
+			return cl.newHandle(rsp, h), true
 		}
 	case (cc == tpm2.TPMCCFlushContext || endsSequence[cc]) && len(cmd) >= 14:
 		// FlushContext's handle is a parameter (Part 3 §28.4), the
-		// sequence's the first handle.
-		delete(cl.objects, tpm2.TPMHandle(binary.BigEndian.Uint32(cmd[10:14])))
+		// sequence's the first handle; cmd holds the client's handles.
+		cl.forget(tpm2.TPMHandle(binary.BigEndian.Uint32(cmd[10:14])))
 	}
 	return 0, false
 }
