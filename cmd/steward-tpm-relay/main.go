@@ -104,16 +104,18 @@ func serve(ctx context.Context, o options, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// tpm2-tools' ports first: a busy port fails before the socket that
+	// scripts wait for appears.
+	stopTCTI, err := serveTCTI(r, o.tctiListen, log)
+	if err != nil {
+		return err
+	}
 	ln, err := listen(o.listen)
 	if err != nil {
+		stopTCTI()
 		return err
 	}
 	log.Info("steward-tpm-relay listening", "listen", ln.Addr().String(), "upstream", o.upstream, "latency", strings.Join(o.latency, ","))
-	stopTCTI, err := serveTCTI(r, o.tctiListen, log)
-	if err != nil {
-		ln.Close()
-		return err
-	}
 	go func() { <-ctx.Done(); ln.Close(); stopTCTI() }()
 	err = r.Serve(ln)
 	r.Close()
