@@ -11,13 +11,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
 
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
@@ -91,7 +91,7 @@ func TestTPM2ToolsThroughRelay(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "r.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	logs := &syncBuffer{}
+	logs := &devtest.LockedBuffer{}
 	go func() {
 		done <- serve(ctx, options{listen: sock, tctiListen: "127.0.0.1:0", upstream: sw.RawSocket()}, logs)
 	}()
@@ -133,26 +133,8 @@ func TestTPM2ToolsThroughRelay(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the relay's log and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // waitTCTI returns the TCTI string the relay logs once it serves tpm2-tools.
-func waitTCTI(t *testing.T, logs *syncBuffer) string {
+func waitTCTI(t *testing.T, logs *devtest.LockedBuffer) string {
 	t.Helper()
 	re := regexp.MustCompile(`tcti="?(swtpm:host=127\.0\.0\.1,port=\d+)`)
 	for range 500 {
