@@ -122,7 +122,7 @@ func intermediateSignCmd(env *environment, stdout, stderr io.Writer) *cobra.Comm
 				return e.signAttested(cmd, env, stdout, stderr, &f, o, csrPath)
 			}
 			if o.CSR, _, err = readCSR(csrPath); err != nil {
-				return err
+				return attestedWithoutRoots(csrPath, err)
 			}
 			return f.run(cmd, env, stdout, stderr, func(ctx context.Context, cer *keystore.Ceremony, rd keystore.Dir) (*keystore.Outcome, error) {
 				_, res, err := cer.IntermediateSign(ctx, rd, o)

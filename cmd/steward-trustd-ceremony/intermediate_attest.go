@@ -99,6 +99,19 @@ func readAttestedRequest(path string) ([]byte, error) {
 	return req, nil
 }
 
+// attestedWithoutRoots turns readCSR's error for an attested request
+// given to intermediate sign without --ek-roots into what to do.
+func attestedWithoutRoots(path string, err error) error {
+	data, rerr := readBounded(path)
+	if rerr != nil {
+		return err
+	}
+	if _, perr := attestation.ParseRequest(data); perr == nil {
+		return cli.Usagef("--csr %s is an attested request (.attested.json); add --ek-roots EK-ROOTS.pem to verify its evidence, or give the plain PEM CSR to sign it unattested", path)
+	}
+	return err
+}
+
 // signAttested runs intermediate sign --ek-roots: csrPath names the
 // attested request.
 func (e *expectFlags) signAttested(cmd *cobra.Command, env *environment, stdout, stderr io.Writer, f *issueFlags, o keystore.IntermediateSignOptions, csrPath string) error {

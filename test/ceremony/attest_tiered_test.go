@@ -96,6 +96,9 @@ func TestAttestedEnrolment(t *testing.T) {
 	if r := n.sign(t, tr, n.csr, sealed, "--ek-roots", n.ekRoots); r.code != 2 || !strings.Contains(r.stderr, "plain PEM certificate request") || !strings.Contains(r.stderr, ".attested.json") {
 		t.Fatalf("the PEM CSR given with --ek-roots: %s", r)
 	}
+	if r := n.sign(t, tr, n.req, sealed); r.code != 2 || !strings.Contains(r.stderr, "is an attested request") || !strings.Contains(r.stderr, "add --ek-roots") {
+		t.Fatalf("the attested request given without --ek-roots: %s", r)
+	}
 	if r := n.sign(t, tr, n.req, sealed, "--ek-roots", n.ekRoots, "--ek-pin", n.ekCertFile(t)); r.code != 0 || !strings.Contains(r.stdout, "intermediate confirm --proof") {
 		t.Fatalf("attested sign: %s", r)
 	}
