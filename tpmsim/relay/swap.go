@@ -105,7 +105,9 @@ func (cl *client) setReal(v, real tpm2.TPMHandle) {
 func (r *Relay) roundTripEvictingLocked(cl *client, cmd []byte) ([]byte, error) {
 	for {
 		rsp, err := r.roundTripLocked(cmd)
-		if err != nil || ResponseCode(rsp) != rcObjectMemory || r.opts.KeepObjects {
+		// Without the TPM's command list the relay cannot rewrite
+		// handles, so it must not move objects.
+		if err != nil || ResponseCode(rsp) != rcObjectMemory || r.opts.KeepObjects || len(r.counts) == 0 {
 			return rsp, err
 		}
 		ok, err := r.evictOneLocked(cl)
