@@ -132,6 +132,7 @@ func (r *Relay) Reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.dropUpstreamLocked()
+	r.counts = nil // a restarted TPM may be another one
 	for c, cl := range r.clients {
 		clear(cl.objects)
 		clear(cl.real)
@@ -289,8 +290,11 @@ func (r *Relay) handleCountLocked(cc tpm2.TPMCC) int {
 	}
 	if r.counts == nil {
 		hc, err := r.listCommandsLocked()
+		if err != nil && r.upstream == nil {
+			return -1 // the TPM is unreachable: ask again with the next command
+		}
 		if err != nil {
-			r.log.Warn("TPM relay: the TPM did not list its commands; only flushes of other clients' handles are refused", "error", err)
+			r.log.Warn("TPM relay: the TPM did not list its commands; only flushes of other clients' handles are refused, and objects are not swapped", "error", err)
 		}
 		r.counts = hc
 	}
