@@ -129,7 +129,10 @@ func serveTCTI(r *relay.Relay, addr string, log *slog.Logger) (func(), error) {
 	if addr == "" {
 		return func() {}, nil
 	}
-	data, ctrl, err := listenPair(addr)
+	data, ctrl, err := relay.ListenTCTI(addr)
+	if errors.Is(err, relay.ErrNotLoopback) {
+		return nil, &usageError{fmt.Errorf("--tcti-listen %s: %w", addr, err)}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("--tcti-listen %s: %w", addr, err)
 	}
@@ -146,31 +149,6 @@ func serveTCTI(r *relay.Relay, addr string, log *slog.Logger) (func(), error) {
 		}
 	}()
 	return func() { data.Close(); ctrl.Close() }, nil
-}
-
-// listenPair listens on a loopback PORT and PORT+1; port 0 tries a few
-// free ports.
-func listenPair(addr string) (net.Listener, net.Listener, error) {
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil || !ap.Addr().IsLoopback() {
-		return nil, nil, &usageError{errors.New("want a loopback HOST:PORT such as 127.0.0.1:2321 (a TPM must not be reachable from the network)")}
-	}
-	for range 20 {
-		data, err := net.Listen("tcp", addr)
-		if err != nil {
-			return nil, nil, err
-		}
-		port := data.Addr().(*net.TCPAddr).Port
-		ctrl, err := net.Listen("tcp", netip.AddrPortFrom(ap.Addr(), uint16(port+1)).String())
-		if err == nil {
-			return data, ctrl, nil
-		}
-		data.Close()
-		if ap.Port() != 0 {
-			return nil, nil, fmt.Errorf("control channel port %d: %w", port+1, err)
-		}
-	}
-	return nil, nil, errors.New("found no free pair of ports PORT, PORT+1")
 }
 
 func (o options) parse() (map[tpm2.TPMCC]time.Duration, error) {

@@ -131,6 +131,9 @@ func TestTPM2ToolsThroughRelay(t *testing.T) {
 	if _, err := (tpm2.ReadPublic{ObjectHandle: key.ObjectHandle}).Execute(daemon); err != nil {
 		t.Fatalf("the daemon's key is gone after tpm2-tools ran: %v", err)
 	}
+	if _, err := (tpm2.FlushContext{FlushHandle: key.ObjectHandle}).Execute(daemon); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // waitTCTI returns the TCTI string the relay logs once it serves tpm2-tools.

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 )
 
@@ -114,4 +115,32 @@ func (r *Relay) serveControl(c net.Conn) {
 			return
 		}
 	}
+}
+
+// ErrNotLoopback refuses a tpm2-tools address that is not loopback: a
+// TPM must not be reachable from the network.
+var ErrNotLoopback = errors.New("want a loopback HOST:PORT such as 127.0.0.1:2321 (a TPM must not be reachable from the network)")
+
+// ListenTCTI listens where tpm2-tss's swtpm TCTI connects: a loopback
+// PORT (commands, for Serve) and PORT+1 (control, for ServeControl).
+// Port 0 tries a few free pairs.
+func ListenTCTI(addr string) (data, ctrl net.Listener, err error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || !ap.Addr().IsLoopback() {
+		return nil, nil, ErrNotLoopback
+	}
+	for range 20 {
+		if data, err = net.Listen("tcp", addr); err != nil {
+			return nil, nil, err
+		}
+		port := data.Addr().(*net.TCPAddr).Port
+		if ctrl, err = net.Listen("tcp", netip.AddrPortFrom(ap.Addr(), uint16(port+1)).String()); err == nil {
+			return data, ctrl, nil
+		}
+		data.Close()
+		if ap.Port() != 0 {
+			return nil, nil, fmt.Errorf("control channel port %d: %w", port+1, err)
+		}
+	}
+	return nil, nil, errors.New("found no free pair of ports PORT, PORT+1")
 }
