@@ -80,20 +80,13 @@ func softwareAK(t *testing.T, adminWithPolicy bool, policy []byte) tpm2.TPMTPubl
 	if err != nil {
 		t.Fatal(err)
 	}
-	pt, err := k.PublicKey.Bytes()
+	p, err := tpmsim.ECCPublic(&k.PublicKey, tpm2.TPMAObject{
+		FixedTPM: true, FixedParent: true, SensitiveDataOrigin: true, UserWithAuth: true, AdminWithPolicy: adminWithPolicy, Restricted: true, SignEncrypt: true,
+	}, policy)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tpm2.TPMTPublic{
-		Type: tpm2.TPMAlgECC, NameAlg: tpm2.TPMAlgSHA256, AuthPolicy: tpm2.TPM2BDigest{Buffer: policy},
-		ObjectAttributes: tpm2.TPMAObject{FixedTPM: true, FixedParent: true, SensitiveDataOrigin: true, UserWithAuth: true, AdminWithPolicy: adminWithPolicy, Restricted: true, SignEncrypt: true},
-		Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
-			Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
-			Scheme:    tpm2.TPMTECCScheme{Scheme: tpm2.TPMAlgECDSA, Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256})},
-			CurveID:   tpm2.TPMECCNistP256, KDF: tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
-		}),
-		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{X: tpm2.TPM2BECCParameter{Buffer: pt[1:33]}, Y: tpm2.TPM2BECCParameter{Buffer: pt[33:]}}),
-	}
+	return p
 }
 
 // activateRetrying runs TPM2_ActivateCredential with the EK's policy,

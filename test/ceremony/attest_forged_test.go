@@ -18,6 +18,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/internal/attestation"
 	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
 
 // TestAttestedEnrolmentForgedEvidence is issue 18's attack: a software
@@ -158,23 +159,14 @@ func certifyCreation(t *testing.T, ak *ecdsa.PrivateKey, ev *attestation.Evidenc
 	return attest, sig
 }
 
-// eccPublic is the TPMT_PUBLIC of a P-256 ECDSA-SHA256 key with these
-// attributes, as a TPM would present it.
+// eccPublic is tpmsim.ECCPublic that must succeed.
 func eccPublic(t *testing.T, pub *ecdsa.PublicKey, attrs tpm2.TPMAObject, authPolicy []byte) tpm2.TPMTPublic {
 	t.Helper()
-	point, err := pub.Bytes()
+	p, err := tpmsim.ECCPublic(pub, attrs, authPolicy)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tpm2.TPMTPublic{
-		Type: tpm2.TPMAlgECC, NameAlg: tpm2.TPMAlgSHA256, ObjectAttributes: attrs, AuthPolicy: tpm2.TPM2BDigest{Buffer: authPolicy},
-		Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
-			Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
-			Scheme:    tpm2.TPMTECCScheme{Scheme: tpm2.TPMAlgECDSA, Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256})},
-			CurveID:   tpm2.TPMECCNistP256, KDF: tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
-		}),
-		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{X: tpm2.TPM2BECCParameter{Buffer: point[1:33]}, Y: tpm2.TPM2BECCParameter{Buffer: point[33:]}}),
-	}
+	return p
 }
 
 func newP256(t *testing.T) *ecdsa.PrivateKey {
