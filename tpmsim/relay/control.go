@@ -81,9 +81,15 @@ func ControlAnswer(req []byte) (rsp []byte, refused string) {
 
 func result(code uint32) []byte { return binary.BigEndian.AppendUint32(nil, code) }
 
+// maxControlClients bounds the control connections served at once (the
+// swtpm TCTI opens one per control command and closes it).
+const maxControlClients = 16
+
 // ServeControl answers swtpm control-channel clients on ln until ln is
-// closed; see ControlAnswer.
+// closed; see ControlAnswer. Beyond maxControlClients at once a
+// connection is closed unanswered.
 func (r *Relay) ServeControl(ln net.Listener) error {
+	slots := make(chan struct{}, maxControlClients)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -92,7 +98,13 @@ func (r *Relay) ServeControl(ln net.Listener) error {
 			}
 			return fmt.Errorf("relay: accept a control client: %w", err)
 		}
-		go r.serveControl(c)
+		select {
+		case slots <- struct{}{}:
+			go func() { defer func() { <-slots }(); r.serveControl(c) }()
+		default:
+			r.log.Warn("TPM relay: too many control connections; closing one", "limit", maxControlClients)
+			c.Close()
+		}
 	}
 }
 

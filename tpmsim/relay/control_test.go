@@ -3,7 +3,11 @@ package relay_test
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"io"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/steward-trustd/steward-trustd/tpmsim/relay"
 )
@@ -66,4 +70,46 @@ func FuzzControlAnswer(f *testing.F) {
 			t.Fatalf("request %x succeeded", req)
 		}
 	})
+}
+
+// TestControlConnectionsBounded: beyond 16 control connections at once
+// the next is closed unanswered; the others are still served.
+func TestControlConnectionsBounded(t *testing.T) {
+	r, err := relay.New(relay.Options{Upstream: (&fakeTPM{}).dial})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go r.ServeControl(ln)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range 17 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	extra := conns[16]
+	extra.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := extra.Read(make([]byte, 4)); !errors.Is(err, io.EOF) {
+		t.Fatalf("the 17th control connection: %v, want closed", err)
+	}
+	first := conns[0]
+	first.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := first.Write(ctrl(0x05, 0)); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(first, got); err != nil || !bytes.Equal(got, []byte{0, 0, 0, 0}) {
+		t.Fatalf("a served connection: %x %v", got, err)
+	}
 }

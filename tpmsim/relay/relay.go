@@ -174,7 +174,7 @@ func (r *Relay) serve(c net.Conn) {
 	}
 }
 
-// remove flushes the client's transient objects and forgets it.
+// remove flushes the client's loaded objects and sessions and forgets it.
 func (r *Relay) remove(c net.Conn) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
