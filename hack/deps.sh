@@ -13,8 +13,6 @@
 set -euo pipefail
 pkgs=(swtpm swtpm-tools softhsm2 tpm2-tools libssl-dev gcc bubblewrap systemd linux-libc-dev
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross libstdc++6-arm64-cross libgcc-s1-arm64-cross prometheus)
-# tpm2-tools' swtpm TCTI, which TestTPM2ToolsThroughRelay uses through steward-tpm-relay --tcti-listen
-pkgs+=(libtss2-tcti-swtpm0)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
