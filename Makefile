@@ -96,13 +96,10 @@ lint: $(GOLANGCI_LINT)
 	cd test/deploy && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
 	cd hack/image && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
 
-# Short fuzzing runs of every fuzz target.
+# Every fuzz target of every module (test/talos, tpmsim, … included), 60 s each.
+FUZZTIME ?= 60s
 fuzz:
-	@for p in $$($(GO) list ./...); do \
-	  for f in $$($(GO) test -list '^Fuzz' $$p 2>/dev/null | grep '^Fuzz'); do \
-	    echo "== $$p $$f"; $(GO) test -run=XXX -fuzz="^$$f$$" -fuzztime=20s $$p || exit 1; \
-	  done; \
-	done
+	GO=$(GO) FUZZTIME=$(FUZZTIME) ./hack/fuzz.sh
 
 bench: deps
 	$(GO) test -run=XXX -bench=. -benchtime=2s ./...

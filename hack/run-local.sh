@@ -35,7 +35,10 @@ tpm)
   swtpm_pid=$!
   trap 'kill $swtpm_pid 2>/dev/null || true' EXIT
   for _ in $(seq 100); do [ -S "$raw" ] && break; sleep 0.05; done
-  "$bin/steward-tpm-relay" --upstream "$raw" --listen "$sock" 2>>"$state/relay.log" &
+  # tpm2-tools reach the same TPM with TPM2TOOLS_TCTI=swtpm:host=127.0.0.1,port=$tcti_port
+  # (its control channel is the next port); the relay keeps them off the daemon's objects.
+  tcti_port=${RUN_LOCAL_TCTI_PORT:-2321}
+  "$bin/steward-tpm-relay" --upstream "$raw" --listen "$sock" --tcti-listen "127.0.0.1:$tcti_port" 2>>"$state/relay.log" &
   relay_pid=$!
   trap 'kill $relay_pid $swtpm_pid 2>/dev/null || true' EXIT
   for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
@@ -59,6 +62,7 @@ Request a certificate as a Talos worker would, from another terminal:
   go run ./test/load -addr 127.0.0.1:$port -certs $certs -workers 1 -requests 1 -print
 ${sock:+The ceremony shares the TPM with the running daemon through the relay, e.g.:
   $bin/steward-trustd-ceremony status --signer '$signer' --ca $certs/os-ca.crt
+and so do tpm2-tools: TPM2TOOLS_TCTI=swtpm:host=127.0.0.1,port=$tcti_port tpm2_pcrread sha256:7
 }
 MSG
 export TRUSTD_CERT_DIR=$certs TRUSTD_SIGNER=$signer TRUSTD_LISTEN_ADDRESS=127.0.0.1 TRUSTD_PORT=$port \

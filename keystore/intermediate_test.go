@@ -263,7 +263,18 @@ func TestIntermediateInstallChecksProfile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := keystore.IntermediateInstallOptions{SignerURI: nodeURI, TPM: payloadAttester{pki.EncodeCertificates(leaf)}, Sealed: sealed, Out: keystore.Target{Dir: node, Name: certdir.FileIssuerChain}}
+	enr, err := attestation.NewEnrolment(nil, pki.EncodeCertificates(leaf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, err := enr.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := keystore.IntermediateInstallOptions{
+		SignerURI: nodeURI, TPM: payloadAttester{payload}, Sealed: sealed,
+		Out: keystore.Target{Dir: node, Name: certdir.FileIssuerChain}, ProofOut: keystore.Target{Dir: node, Name: "issuer.activation.json"},
+	}
 	if _, _, err := c.IntermediateInstall(ctx, node, o); err == nil || !strings.Contains(err.Error(), "not a CA") {
 		t.Errorf("install of a client certificate as issuer.crt: %v", err)
 	}

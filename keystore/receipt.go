@@ -25,7 +25,7 @@ type Receipt struct {
 	// tiered setup "intermediate.key", "intermediate.request",
 	// "intermediate.sign" or "intermediate.rotate.finish", and for key
 	// attestation "intermediate.attest", "intermediate.enrol",
-	// "intermediate.install", "attest", "attest.respond",
+	// "intermediate.install", "intermediate.confirm", "attest", "attest.respond",
 	// "verify-attestation" or "verify-attestation.activation".
 	Operation string `json:"operation"`
 	// ToolVersion is the ceremony binary's version.

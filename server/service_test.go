@@ -283,12 +283,25 @@ func TestAcceptedCAsBundle(t *testing.T) {
 	}
 }
 
-func FuzzCertificate(f *testing.F) {
-	ca := newTestCA(f, signer.ECDSAP256)
-	svc, err := New(Config{Signer: ca.signer, Credentials: ca.credentials(f, testToken)})
+// newUnlimitedService is FuzzCertificate's harness: the service with the
+// per-address rate limits off (a negative rate is no limit), so that a
+// fuzzer sending thousands of requests a second from one address reaches
+// CSR parsing and signing instead of ResourceExhausted after the burst.
+func newUnlimitedService(f *testing.F, ca *testCA) *Service {
+	f.Helper()
+	svc, err := New(Config{
+		Signer: ca.signer, Credentials: ca.credentials(f, testToken),
+		RateLimits: RateLimits{PerPeerRate: -1, BadTokenRate: -1},
+	})
 	if err != nil {
 		f.Fatal(err)
 	}
+	return svc
+}
+
+func FuzzCertificate(f *testing.F) {
+	ca := newTestCA(f, signer.ECDSAP256)
+	svc := newUnlimitedService(f, ca)
 	f.Add(makeCSR(f, csrSpec{key: newKey(f, "p256"), dns: []string{"a"}}))
 	f.Add(makeCSR(f, csrSpec{key: newKey(f, "ed25519"), ips: []net.IP{net.IPv4(10, 0, 0, 1)}}))
 	f.Add([]byte("-----BEGIN CERTIFICATE REQUEST-----\nMAA=\n-----END CERTIFICATE REQUEST-----\n"))

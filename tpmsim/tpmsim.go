@@ -6,6 +6,7 @@ package tpmsim
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"errors"
 	"fmt"
 	"net"
@@ -175,4 +176,23 @@ func handleNames(hs []tpm2.TPMHandle) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// ECCPublic is the TPMT_PUBLIC a TPM would present for the P-256
+// ECDSA-SHA256 key pub with these attributes and authPolicy: what a
+// forger writes around a software key (attestation tests).
+func ECCPublic(pub *ecdsa.PublicKey, attrs tpm2.TPMAObject, authPolicy []byte) (tpm2.TPMTPublic, error) {
+	point, err := pub.Bytes()
+	if err != nil || len(point) != 65 {
+		return tpm2.TPMTPublic{}, fmt.Errorf("not an uncompressed P-256 point: %w", err)
+	}
+	return tpm2.TPMTPublic{
+		Type: tpm2.TPMAlgECC, NameAlg: tpm2.TPMAlgSHA256, ObjectAttributes: attrs, AuthPolicy: tpm2.TPM2BDigest{Buffer: authPolicy},
+		Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
+			Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
+			Scheme:    tpm2.TPMTECCScheme{Scheme: tpm2.TPMAlgECDSA, Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256})},
+			CurveID:   tpm2.TPMECCNistP256, KDF: tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
+		}),
+		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{X: tpm2.TPM2BECCParameter{Buffer: point[1:33]}, Y: tpm2.TPM2BECCParameter{Buffer: point[33:]}}),
+	}, nil
 }

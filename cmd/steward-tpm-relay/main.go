@@ -4,11 +4,13 @@
 //
 //	steward-tpm-relay --upstream /run/swtpm/sock --listen /run/swtpm/relay.sock [--latency Sign=60ms ...]
 //
-// Clients (steward-trustd, steward-trustd-ceremony, tpm2-tools with
-// TPM2TOOLS_TCTI=swtpm:path=...) use the --listen socket. Every command
-// runs whole, one at a time; transient objects of a client that
-// disconnects are flushed. Exit codes: 0 stopped by a signal, 1 failure,
-// 2 usage error.
+// Clients (steward-trustd, steward-trustd-ceremony) use the --listen
+// socket; tpm2-tools use --tcti-listen 127.0.0.1:PORT with
+// TPM2TOOLS_TCTI=swtpm:host=127.0.0.1,port=PORT (its control channel is
+// PORT+1). Every command runs whole, one at a time; each client sees and
+// flushes only its own transient objects and sessions, which are flushed
+// when it disconnects. Exit codes: 0 stopped by a signal, 1 failure, 2
+// usage error.
 package main
 
 import (
@@ -45,10 +47,11 @@ func (e *usageError) Error() string { return e.err.Error() }
 func (e *usageError) Unwrap() error { return e.err }
 
 type options struct {
-	listen   string
-	upstream string
-	latency  []string
-	debug    bool
+	listen     string
+	tctiListen string
+	upstream   string
+	latency    []string
+	debug      bool
 }
 
 func run(args []string, stderr io.Writer) int {
@@ -71,6 +74,7 @@ func run(args []string, stderr io.Writer) int {
 	cmd.SetErr(stderr)
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", "", "where clients connect: a unix socket path, or 127.0.0.1:PORT (required)")
+	f.StringVar(&o.tctiListen, "tcti-listen", "", "also serve tpm2-tools' swtpm TCTI on this loopback address, 127.0.0.1:PORT (data) and PORT+1 (control channel); port 0 picks a free pair")
 	f.StringVar(&o.upstream, "upstream", "", "swtpm's data socket (swtpm socket --server type=unixio,path=...), or HOST:PORT for --server type=tcp (required)")
 	f.StringArrayVar(&o.latency, "latency", nil, "add device time to a TPM command, e.g. Sign=60ms (a discrete chip) or 0x15D=60ms; repeatable")
 	f.BoolVar(&o.debug, "log-commands", false, "log every TPM command with its response code and time (debug level)")
@@ -100,15 +104,51 @@ func serve(ctx context.Context, o options, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ln, err := listen(o.listen)
+	// tpm2-tools' ports first: a busy port fails before the socket that
+	// scripts wait for appears.
+	stopTCTI, err := serveTCTI(r, o.tctiListen, log)
 	if err != nil {
 		return err
 	}
+	ln, err := listen(o.listen)
+	if err != nil {
+		stopTCTI()
+		return err
+	}
 	log.Info("steward-tpm-relay listening", "listen", ln.Addr().String(), "upstream", o.upstream, "latency", strings.Join(o.latency, ","))
-	go func() { <-ctx.Done(); ln.Close() }()
+	go func() { <-ctx.Done(); ln.Close(); stopTCTI() }()
 	err = r.Serve(ln)
 	r.Close()
 	return err
+}
+
+// serveTCTI serves --tcti-listen (if set): the relay on PORT and its
+// control channel on PORT+1, as tpm2-tss's swtpm TCTI expects. It
+// returns what stops both.
+func serveTCTI(r *relay.Relay, addr string, log *slog.Logger) (func(), error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	data, ctrl, err := relay.ListenTCTI(addr)
+	if errors.Is(err, relay.ErrNotLoopback) {
+		return nil, &usageError{fmt.Errorf("--tcti-listen %s: %w", addr, err)}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--tcti-listen %s: %w", addr, err)
+	}
+	port := data.Addr().(*net.TCPAddr).Port
+	log.Info("steward-tpm-relay serving tpm2-tools", "tcti", fmt.Sprintf("swtpm:host=127.0.0.1,port=%d", port), "control", ctrl.Addr().String())
+	go func() {
+		if err := r.ServeControl(ctrl); err != nil {
+			log.Error("steward-tpm-relay: control channel stopped", "error", err)
+		}
+	}()
+	go func() {
+		if err := r.Serve(data); err != nil {
+			log.Error("steward-tpm-relay: tpm2-tools listener stopped", "error", err)
+		}
+	}()
+	return func() { data.Close(); ctrl.Close() }, nil
 }
 
 func (o options) parse() (map[tpm2.TPMCC]time.Duration, error) {

@@ -3,14 +3,21 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-tpm/tpm2"
+	"github.com/google/go-tpm/tpm2/transport"
 
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
@@ -71,4 +78,97 @@ func TestRelaysToSwtpm(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestTPM2ToolsThroughRelay: with --tcti-listen, Debian's tpm2-tools
+// (tpm2-tss's swtpm TCTI: control channel on PORT+1) extend and read PCR 7
+// through the relay while another client (standing in for the daemon)
+// holds a loaded key, and tpm2_flushcontext --transient-object does not
+// take that key away.
+func TestTPM2ToolsThroughRelay(t *testing.T) {
+	extend, read, flush := tpmsim.RequireTool(t, "tpm2_pcrextend"), tpmsim.RequireTool(t, "tpm2_pcrread"), tpmsim.RequireTool(t, "tpm2_flushcontext")
+	sw := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
+	sock := filepath.Join(t.TempDir(), "r.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	logs := &devtest.LockedBuffer{}
+	go func() {
+		done <- serve(ctx, options{listen: sock, tctiListen: "127.0.0.1:0", upstream: sw.RawSocket()}, logs)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	tcti := waitTCTI(t, logs)
+	daemon := tpm.NewStreamTransport(dialUnix(t, sock))
+	defer daemon.Close()
+	key, err := tpm2.CreatePrimary{PrimaryHandle: tpm2.AuthHandle{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)}, InPublic: tpm2.New2B(tpm2.ECCSRKTemplate)}.Execute(daemon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := pcr7(t, daemon)
+	event := sha256.Sum256([]byte("firmware 1.2.3"))
+	env := append(os.Environ(), "TPM2TOOLS_TCTI="+tcti)
+	for _, args := range [][]string{{extend, fmt.Sprintf("7:sha256=%x", event)}, {flush, "--transient-object"}} {
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s\nrelay:\n%s", args, err, out, logs)
+		}
+	}
+	cmd := exec.Command(read, "sha256:7")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	want := sha256.Sum256(append(before, event[:]...))
+	if err != nil || !strings.Contains(strings.ToLower(string(out)), fmt.Sprintf("%x", want)) {
+		t.Fatalf("tpm2_pcrread: %v\n%s\nwant PCR 7 = %x", err, out, want)
+	}
+	if got := pcr7(t, daemon); !bytes.Equal(got, want[:]) {
+		t.Fatalf("PCR 7 seen by the daemon %x, want %x", got, want)
+	}
+	if _, err := (tpm2.ReadPublic{ObjectHandle: key.ObjectHandle}).Execute(daemon); err != nil {
+		t.Fatalf("the daemon's key is gone after tpm2-tools ran: %v", err)
+	}
+	if _, err := (tpm2.FlushContext{FlushHandle: key.ObjectHandle}).Execute(daemon); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitTCTI returns the TCTI string the relay logs once it serves tpm2-tools.
+func waitTCTI(t *testing.T, logs *devtest.LockedBuffer) string {
+	t.Helper()
+	re := regexp.MustCompile(`tcti="?(swtpm:host=127\.0\.0\.1,port=\d+)`)
+	for range 500 {
+		if m := re.FindStringSubmatch(logs.String()); m != nil {
+			return m[1]
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("the relay never served tpm2-tools:\n%s", logs)
+	return ""
+}
+
+func dialUnix(t *testing.T, sock string) net.Conn {
+	t.Helper()
+	var err error
+	for range 200 {
+		var c net.Conn
+		if c, err = net.Dial("unix", sock); err == nil {
+			return c
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal(err)
+	return nil
+}
+
+func pcr7(t *testing.T, c transport.TPM) []byte {
+	t.Helper()
+	rsp, err := tpm2.PCRRead{PCRSelectionIn: tpm2.TPMLPCRSelection{PCRSelections: []tpm2.TPMSPCRSelection{{Hash: tpm2.TPMAlgSHA256, PCRSelect: []byte{0x80, 0, 0}}}}}.Execute(c)
+	if err != nil || len(rsp.PCRValues.Digests) != 1 {
+		t.Fatalf("read PCR 7: %v", err)
+	}
+	return rsp.PCRValues.Digests[0].Buffer
 }

@@ -30,7 +30,7 @@ each trustd node its own intermediate, whose key never leaves the node's TPM or 
 The intermediate has EKU exactly [ServerAuth] and path length 0: a compromised node can sign
 apid serving certificates (limit them with --permitted-ip-ranges), never talosctl credentials.`,
 	}
-	c.AddCommand(intermediateRequestCmd(env, stdout, stderr), intermediateSignCmd(env, stdout, stderr), intermediateInstallCmd(env, stdout, stderr))
+	c.AddCommand(intermediateRequestCmd(env, stdout, stderr), intermediateSignCmd(env, stdout, stderr), intermediateInstallCmd(env, stdout, stderr), intermediateConfirmCmd(env, stdout, stderr))
 	return c
 }
 
@@ -67,7 +67,11 @@ func intermediateRequestCmd(env *environment, stdout, stderr io.Writer) *cobra.C
 				if err != nil {
 					return nil, err
 				}
-				return cer.IntermediateRequest(cmd.Context(), d, o)
+				out, err := cer.IntermediateRequest(cmd.Context(), d, o)
+				if err == nil && attestOut != "" {
+					out.Notes = nil // the attested request, not the CSR, goes to the root
+				}
+				return out, err
 			})
 			if err != nil || attestOut == "" {
 				return err
@@ -118,7 +122,7 @@ func intermediateSignCmd(env *environment, stdout, stderr io.Writer) *cobra.Comm
 				return e.signAttested(cmd, env, stdout, stderr, &f, o, csrPath)
 			}
 			if o.CSR, _, err = readCSR(csrPath); err != nil {
-				return err
+				return attestedWithoutRoots(csrPath, err)
 			}
 			o.Rotation = filepath.Base(csrPath) == certdir.FileNextIssuerCSR
 			return f.run(cmd, env, stdout, stderr, func(ctx context.Context, cer *keystore.Ceremony, rd keystore.Dir) (*keystore.Outcome, error) {
@@ -130,6 +134,7 @@ func intermediateSignCmd(env *environment, stdout, stderr io.Writer) *cobra.Comm
 	f.register(c, "the root's certificate (os-ca.crt)", "issuer.crt output file (the intermediate; the root stays out)", "replace --out")
 	c.Flags().StringVar(&csrPath, "csr", "", "the node's certificate request (intermediate request --out), or with --ek-roots its attested request (--attest)")
 	e.register(c)
+	e.registerPins(c)
 	cli.ListVar(c.Flags(), &ranges, "permitted-ip-ranges", nil, "CIDRs every worker IP SAN must fall in (IP name constraints; cover node addresses, machine.certSANs, 127.0.0.1, KubeSpan)")
 	return c
 }

@@ -32,7 +32,7 @@ func printOutcome(w io.Writer, o *keystore.Outcome) {
 		fmt.Fprintf(w, "wrote %s\n", p)
 	}
 	if o.Receipt.KeyFingerprint != "" {
-		fmt.Fprintf(w, "key: %s %s fingerprint %s (%s)\n", o.Receipt.Backend, o.Receipt.KeyAlgorithm, o.Receipt.KeyFingerprint, o.Receipt.KeyLocation)
+		fmt.Fprintf(w, "key: %s %s fingerprint %s%s\n", o.Receipt.Backend, o.Receipt.KeyAlgorithm, o.Receipt.KeyFingerprint, parenthesized(o.Receipt.KeyLocation))
 	}
 	if o.Receipt.CertificateFingerprint != "" {
 		fmt.Fprintf(w, "certificate: %s sha256 %s, expires %s\n", o.Receipt.CertificateSubject, o.Receipt.CertificateFingerprint, o.Receipt.CertificateNotAfter.Format(time.RFC3339))
@@ -40,6 +40,14 @@ func printOutcome(w io.Writer, o *keystore.Outcome) {
 	for _, n := range o.Notes {
 		fmt.Fprintf(w, "%s\n", n)
 	}
+}
+
+// parenthesized is " (s)", or "" for an empty s.
+func parenthesized(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
 }
 
 func printStatus(w io.Writer, st *keystore.Status) {

@@ -27,6 +27,8 @@ type verifyAttestFlags struct {
 type expectFlags struct {
 	ekRoots, pcrDigest string
 	authorities        []string
+	// ekPin and ekPins are intermediate sign's (registerPins).
+	ekPin, ekPins string
 }
 
 func (e *expectFlags) register(c *cobra.Command) {

@@ -4,6 +4,8 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +27,12 @@ type Sealed struct {
 	Version int `json:"version"`
 	// AKName is the name of the AK the credential is bound to.
 	AKName []byte `json:"akName"`
+	// EKName is the TPM name of the EK the credential is sealed to, and
+	// EKCertificate the hex SHA-256 of its certificate: they let a TPM
+	// that holds another EK say so before it tries (absent in files
+	// written before they were added).
+	EKName        []byte `json:"ekName,omitempty"`
+	EKCertificate string `json:"ekCertificate,omitempty"`
 	// IDObject and EncryptedSecret are TPM2_MakeCredential's outputs
 	// (TPM2B_ID_OBJECT and TPM2B_ENCRYPTED_SECRET contents).
 	IDObject        []byte `json:"idObject"`
@@ -64,8 +72,10 @@ func Seal(r io.Reader, e *Evidence, payload []byte) (*Sealed, error) {
 	if _, err := io.ReadFull(r, nonce); err != nil {
 		return nil, fmt.Errorf("seal: random: %w", err)
 	}
+	ekSum := sha256.Sum256(e.EKCertificate)
 	return &Sealed{
 		Version: SealedVersion, AKName: akName, IDObject: idObject, EncryptedSecret: encSecret,
+		EKName: nameOf(e.EKPublic), EKCertificate: hex.EncodeToString(ekSum[:]),
 		Nonce: nonce, Ciphertext: aead.Seal(nil, nonce, payload, akName),
 	}, nil
 }

@@ -23,6 +23,8 @@ const (
 	CheckPCRDigest      Check = "pcr-digest"      // creation PCR digest is the expected one
 	CheckKeyMatch       Check = "key-match"       // the key is the CSR's (certificate's) key
 	CheckCredential     Check = "credential"      // the sealed credential opens
+	CheckEKPin          Check = "ek-pin"          // the EK is the one pinned for the node
+	CheckActivation     Check = "activation"      // the node returned the secret sealed to its TPM
 )
 
 // ErrRefused is wrapped by every CheckError so that callers can tell a

@@ -11,9 +11,11 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,8 +100,14 @@ func TestAttestVerifyActivate(t *testing.T) {
 		other := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
 		ob := &tpm.Backend{Dial: other.Dial}
 		_, err := ob.ActivateCredential(ctx, "tpm:path=/x;"+other.URIAttrs(), sealed)
-		if !errors.Is(err, tpm.ErrOtherTPM) {
-			t.Fatalf("got %v, want ErrOtherTPM", err)
+		if !errors.Is(err, tpm.ErrOtherTPM) || !strings.Contains(err.Error(), "sealed to another TPM (this TPM's EK is ") ||
+			!strings.Contains(err.Error(), fmt.Sprintf("the evidence names EK %x", sealed.EKName)) {
+			t.Fatalf("got %v, want ErrOtherTPM naming both EKs", err)
+		}
+		old := *sealed
+		old.EKName, old.EKCertificate = nil, ""
+		if _, err := ob.ActivateCredential(ctx, "tpm:path=/x;"+other.URIAttrs(), &old); !errors.Is(err, tpm.ErrOtherTPM) {
+			t.Fatalf("a file without the EK name: got %v, want ErrOtherTPM", err)
 		}
 	})
 	t.Run("tampered payload", func(t *testing.T) {

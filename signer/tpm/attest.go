@@ -1,6 +1,7 @@
 package tpm
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"errors"
@@ -182,6 +183,9 @@ func activate(t transport.TPM, s *attestation.Sealed) ([]byte, error) {
 		return nil, err
 	}
 	defer flush(t, ek.ObjectHandle)
+	if err := sameTPM(s, ek.Name.Buffer, ak.Name.Buffer); err != nil {
+		return nil, err
+	}
 	rsp, err := tpm2.ActivateCredential{
 		ActivateHandle: tpm2.AuthHandle{Handle: ak.ObjectHandle, Name: ak.Name, Auth: tpm2.PasswordAuth(nil)},
 		KeyHandle:      tpm2.AuthHandle{Handle: ek.ObjectHandle, Name: ek.Name, Auth: tpm2.Policy(tpm2.TPMAlgSHA256, 16, ekPolicy)},
@@ -189,12 +193,26 @@ func activate(t transport.TPM, s *attestation.Sealed) ([]byte, error) {
 		Secret:         tpm2.TPM2BEncryptedSecret{Buffer: s.EncryptedSecret},
 	}.Execute(t)
 	if err != nil {
-		if string(ak.Name.Buffer) != string(s.AKName) {
-			return nil, &attestation.CheckError{Check: attestation.CheckCredential, Err: fmt.Errorf("%w (TPM2_ActivateCredential: %w)", ErrOtherTPM, err)}
-		}
-		return nil, fmt.Errorf("TPM2_ActivateCredential: %w", err)
+		return nil, fmt.Errorf("TPM2_ActivateCredential (the sealed file names this TPM's EK and AK, so it was damaged or made for them by someone else): %w", err)
 	}
 	return rsp.CertInfo.Buffer, nil
+}
+
+// sameTPM refuses, before the TPM is asked, a credential whose EK or AK
+// name is not this TPM's: the file was sealed to another TPM (or, for
+// the AK, this TPM's owner hierarchy was cleared since the request).
+func sameTPM(s *attestation.Sealed, ekName, akName []byte) error {
+	if len(s.EKName) > 0 && !bytes.Equal(s.EKName, ekName) {
+		return &attestation.CheckError{Check: attestation.CheckCredential, Err: fmt.Errorf(
+			"%w: sealed to another TPM (this TPM's EK is %x, the evidence names EK %x, certificate sha256 %s); run install on the node whose TPM made the attested request",
+			ErrOtherTPM, ekName, s.EKName, s.EKCertificate)}
+	}
+	if !bytes.Equal(s.AKName, akName) {
+		return &attestation.CheckError{Check: attestation.CheckCredential, Err: fmt.Errorf(
+			"%w: sealed to another TPM's attestation key (this TPM's AK is %x, the evidence names %x; if this is the right node, its owner hierarchy was cleared since the request: make a new attested request)",
+			ErrOtherTPM, akName, s.AKName)}
+	}
+	return nil
 }
 
 // ekPolicy satisfies the TCG EK's authPolicy, PolicySecret(TPM_RH_ENDORSEMENT)

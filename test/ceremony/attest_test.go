@@ -3,9 +3,14 @@ package ceremony_test
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/keystore"
@@ -141,5 +146,64 @@ func TestAttestImportedKeyRefused(t *testing.T) {
 	r := ceremony(t, nil, "attest", "--signer", uri, "--ca", ca, "--nonce", "01", "--out", filepath.Join(root, "ev.json"))
 	if r.code != 1 || !strings.Contains(r.stderr, "not attestable") {
 		t.Fatalf("attest of an imported key: %s", r)
+	}
+}
+
+// TestAttestWhileDaemonServes is issue 20's outage: attest and attest
+// --challenge share the TPM (through the relay, as on make run-local)
+// with the daemon serving from it; the daemon's key and sessions are not
+// touched, so worker requests before, between and after all succeed.
+func TestAttestWhileDaemonServes(t *testing.T) {
+	n := newAttestedNode(t)
+	d := startDaemon(t, n.dir, n.uri)
+	wc := workerConfig(t, filepath.Join(n.dir, certdir.FileWorkerPatch))
+	workerCertificate(t, d.Addr, wc)
+	const nonce = "0123456789abcdef"
+	ev, ch := n.file("ev.json"), n.file("challenge.json")
+	mustCeremony(t, nil, "attest", "--signer", n.uri, "--ca", n.ca, "--nonce", nonce, "--out", ev)
+	workerCertificate(t, d.Addr, wc)
+	mustCeremony(t, nil, "verify-attestation", "--in", ev, "--ca", n.ca, "--nonce", nonce, "--ek-roots", n.ekRoots, "--challenge-out", ch)
+	mustCeremony(t, nil, "attest", "--signer", n.uri, "--challenge", ch, "--out", n.file("response"))
+	workerCertificate(t, d.Addr, wc)
+}
+
+// TestRehearseUpgradeWithTPM2Tools is the README's run-local rehearsal:
+// tpm2-tools reach the daemon's TPM through the relay; flushing "every"
+// transient object leaves the daemon's key alone, and extending PCR 7
+// (the update) makes the PCR 7-bound key refuse to sign, as the firmware
+// update would.
+func TestRehearseUpgradeWithTPM2Tools(t *testing.T) {
+	requireScheme(t, "tpm")
+	tools := map[string]string{}
+	for _, name := range []string{"tpm2_pcrextend", "tpm2_flushcontext"} {
+		tools[name] = tpmsim.RequireTool(t, name)
+	}
+	sw := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{Tools: true})
+	root := t.TempDir()
+	uri := "tpm:path=" + filepath.Join(root, "os-ca.tpmkey") + ";" + sw.URIAttrs() + ";pcrs=7"
+	dir := filepath.Join(root, "certs")
+	mustCeremony(t, nil, "init", "--signer", uri, "--cluster", "local", "--out", dir)
+	d := startDaemon(t, dir, uri)
+	wc := workerConfig(t, filepath.Join(dir, certdir.FileWorkerPatch))
+	tpm2Tools := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command(tools[args[0]], args[1:]...)
+		cmd.Env = append(os.Environ(), "TPM2TOOLS_TCTI="+sw.TCTI())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	workerCertificate(t, d.Addr, wc)
+	tpm2Tools("tpm2_flushcontext", "--transient-object")
+	workerCertificate(t, d.Addr, wc)
+	tpm2Tools("tpm2_pcrextend", "7:sha256="+strings.Repeat("ab", 32))
+	if _, _, err := workerRequest(t, d.Addr, wc); grpcstatus.Code(err) != codes.Unavailable {
+		t.Fatalf("after PCR 7 changed: %v, want Unavailable (the PCR 7-bound key no longer signs)", err)
+	}
+	for i := 0; !strings.Contains(d.Logs(), "PCR policy not satisfied"); i++ {
+		if i == 100 {
+			t.Fatalf("the daemon did not log why:\n%s", d.Logs())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -33,8 +33,24 @@ func newEnrolNode(t *testing.T, tr *tierRun) *enrolNode {
 	n.ekRoots, n.rootOnly = filepath.Join(tr.dir, "ek-roots.pem"), filepath.Join(tr.dir, "root-only.pem")
 	writeFile(t, n.ekRoots, append(append([]byte{}, ek.RootPEM...), ek.IssuerPEM...))
 	writeFile(t, n.rootOnly, ek.RootPEM)
-	mustCeremony(t, nil, "intermediate", "request", "--signer", n.uri, "--name", "node-a", "--out", n.csr, "--attest", n.req)
+	r := mustCeremony(t, nil, "intermediate", "request", "--signer", n.uri, "--name", "node-a", "--out", n.csr, "--attest", n.req)
+	if strings.Contains(r.stdout, "()") || !strings.Contains(r.stdout, "take "+n.req+" (the attested request, not the PEM CSR)") || strings.Contains(r.stdout, "--csr "+n.csr) {
+		t.Fatalf("request --attest must send the operator to the attested request, with the key's location:\n%s", r)
+	}
 	return n
+}
+
+// ekCertFile writes the node's EK certificate (from its attested
+// request) as PEM, for --ek-pin.
+func (n *enrolNode) ekCertFile(t *testing.T) string {
+	t.Helper()
+	req, err := attestation.ParseRequest(readFile(t, n.req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(n.dir, "ek.pem")
+	writeFile(t, path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: req.Evidence.EKCertificate}))
+	return path
 }
 
 // sign runs intermediate sign --ek-roots on the root's host.
@@ -77,19 +93,29 @@ func TestAttestedEnrolment(t *testing.T) {
 			}
 		})
 	}
-	if r := n.sign(t, tr, n.req, sealed, "--ek-roots", n.ekRoots); r.code != 0 {
+	if r := n.sign(t, tr, n.csr, sealed, "--ek-roots", n.ekRoots); r.code != 2 || !strings.Contains(r.stderr, "plain PEM certificate request") || !strings.Contains(r.stderr, ".attested.json") {
+		t.Fatalf("the PEM CSR given with --ek-roots: %s", r)
+	}
+	if r := n.sign(t, tr, n.req, sealed); r.code != 2 || !strings.Contains(r.stderr, "is an attested request") || !strings.Contains(r.stderr, "add --ek-roots") {
+		t.Fatalf("the attested request given without --ek-roots: %s", r)
+	}
+	if r := n.sign(t, tr, n.req, sealed, "--ek-roots", n.ekRoots, "--ek-pin", n.ekCertFile(t)); r.code != 0 || !strings.Contains(r.stdout, "intermediate confirm --proof") {
 		t.Fatalf("attested sign: %s", r)
 	}
 	t.Run("another TPM cannot install", func(t *testing.T) {
 		other := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
 		r := ceremony(t, nil, "intermediate", "install", "--signer", "tpm:path="+filepath.Join(n.dir, "intermediate.tpmkey")+";"+other.URIAttrs(),
 			"--in", sealed, "--out", filepath.Join(n.dir, "stolen.crt"), "--dir", filepath.Join(n.dir, "other"))
-		if r.code != 1 || !strings.Contains(r.stderr, "another TPM") {
+		if r.code != 1 || !strings.Contains(r.stderr, "sealed to another TPM (this TPM's EK is ") || strings.Contains(r.stderr, "TPM failure") {
 			t.Fatalf("install on another TPM: %s", r)
 		}
 	})
 	certDir := filepath.Join(n.dir, "certs")
 	mustCeremony(t, nil, "intermediate", "install", "--signer", n.uri, "--in", sealed, "--out", filepath.Join(certDir, certdir.FileIssuerChain), "--dir", n.dir)
+	proof := filepath.Join(n.dir, "issuer.activation.json")
+	if r := mustCeremony(t, nil, "intermediate", "confirm", "--proof", proof, "--dir", n.root); !strings.Contains(r.stdout, "attested") {
+		t.Fatalf("confirm: %s", r)
+	}
 	for _, f := range []string{certdir.FileCACert, certdir.FileToken} {
 		writeFile(t, filepath.Join(certDir, f), readFile(t, filepath.Join(n.root, f)))
 	}
@@ -107,7 +133,7 @@ func checkEnrolReceipts(t *testing.T, n *enrolNode) {
 	got := outcomes(t, n.root, "intermediate.")
 	want := []string{"intermediate.enrol refused ek-certificate", "intermediate.enrol refused attestation-signature",
 		"intermediate.enrol refused qualifying-data", "intermediate.enrol refused certified-name", "intermediate.enrol refused key-policy",
-		"intermediate.enrol authorized ", "intermediate.sign  not attested"}
+		"intermediate.enrol authorized pending activation", "intermediate.confirm attested attested", "intermediate.sign  not attested"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("root receipts:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
@@ -131,8 +157,11 @@ func outcomes(t *testing.T, dir, prefix string) []string {
 			continue
 		}
 		s := r.Operation + " " + r.Details["outcome"] + " " + r.Details["check"]
-		if strings.HasPrefix(r.Details["attestation"], "not attested") {
-			s += "not attested"
+		for _, a := range []string{"not attested", "pending activation", "attested"} {
+			if strings.HasPrefix(r.Details["attestation"], a) {
+				s += a
+				break
+			}
 		}
 		out = append(out, s)
 	}

@@ -1,18 +1,19 @@
 // Package relay lets several processes share one TPM that serves a single
 // connection (swtpm's data socket), the way the kernel resource manager
 // (/dev/tpmrm0) lets them share a chip: every client's whole command and
-// response pass one at a time over one upstream connection, and the
-// transient objects a client loaded are flushed when it disconnects.
+// response pass one at a time over one upstream connection; each client
+// sees, uses and flushes only its own transient objects and sessions
+// (isolation.go), which are flushed when it disconnects. A control port
+// (control.go) speaks enough of swtpm's control protocol for tpm2-tools'
+// swtpm TCTI, and refuses what would reset the TPM under other clients.
 //
 // It can also make the TPM slow: a per-command latency (e.g. 60 ms for
 // TPM2_Sign, a discrete chip's speed) is spent while the TPM is held, so
 // swtpm behaves like real hardware for benchmarks.
 //
-// Unlike a real resource manager it does not virtualize handles: clients
-// see the TPM's own handle numbers. Sessions are not flushed on
-// disconnect, because the TPM frees a session by itself when a command
-// uses it without continueSession, and its handle number may already
-// belong to another client's session.
+// Like a real resource manager it swaps other clients' objects out when
+// the TPM's few object slots are full (swap.go); unlike one it does not
+// swap sessions, so clients share the TPM's session slots.
 package relay
 
 import (
@@ -44,9 +45,10 @@ type Options struct {
 	// connected. By default it is closed, so that another program can
 	// use swtpm's socket directly in between.
 	KeepUpstream bool
-	// KeepObjects leaves a departed client's transient objects loaded, as
-	// a TPM without a resource manager (/dev/tpm0) does, so that tests can
-	// show what a killed client leaves behind there.
+	// KeepObjects makes the relay behave as a TPM without a resource
+	// manager (/dev/tpm0) does: a departed client's transient objects stay
+	// loaded and clients are not isolated from each other, so that tests
+	// can show what a killed client leaves behind there.
 	KeepObjects bool
 }
 
@@ -60,12 +62,22 @@ type Relay struct {
 	clients  map[net.Conn]*client
 	closed   bool
 	wg       sync.WaitGroup
+	// counts is the TPM's handle count per command, learnt once; nil
+	// until then or when the TPM did not say (then only flushes are
+	// checked).
+	counts handleCounts
 }
 
-// client is one connection and the transient objects it has loaded.
+// client is one connection and the transient objects and sessions it
+// has loaded (objects holds both).
 type client struct {
 	conn    net.Conn
 	objects map[tpm2.TPMHandle]struct{}
+	// real maps the client's handles that the TPM now knows by another
+	// number; saved holds the contexts of its swapped-out objects
+	// (swap.go).
+	real  map[tpm2.TPMHandle]tpm2.TPMHandle
+	saved map[tpm2.TPMHandle][]byte
 }
 
 // New returns a relay; Serve starts it.
@@ -120,8 +132,11 @@ func (r *Relay) Reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.dropUpstreamLocked()
+	r.counts = nil // a restarted TPM may be another one
 	for c, cl := range r.clients {
 		clear(cl.objects)
+		clear(cl.real)
+		clear(cl.saved)
 		c.Close()
 	}
 }
@@ -159,7 +174,7 @@ func (r *Relay) serve(c net.Conn) {
 	}
 }
 
-// remove flushes the client's transient objects and forgets it.
+// remove flushes the client's loaded objects and sessions and forgets it.
 func (r *Relay) remove(c net.Conn) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -170,7 +185,10 @@ func (r *Relay) remove(c net.Conn) {
 		// Over a fresh connection if need be: swtpm keeps objects across
 		// connections.
 		for h := range cl.objects {
-			if _, err := r.roundTripLocked(flushCommand(h)); err != nil {
+			if _, saved := cl.saved[h]; saved {
+				continue
+			}
+			if _, err := r.roundTripLocked(flushCommand(tpm2.TPMHandle(cl.realHandle(uint32(h))))); err != nil {
 				r.log.Warn("TPM relay: flush of a departed client's object failed", "handle", fmt.Sprintf("0x%08x", uint32(h)), "error", err)
 				break
 			}
@@ -190,20 +208,100 @@ func (r *Relay) forward(c net.Conn, cmd []byte) ([]byte, error) {
 	if !ok {
 		return nil, errors.New("client reset")
 	}
+	cc := CommandCode(cmd)
+	nh := r.handleCountLocked(cc)
+	if rsp := r.isolateLocked(cl, cmd, nh); rsp != nil {
+		return rsp, nil
+	}
+	if rsp := cl.flushSaved(cmd); rsp != nil {
+		return rsp, nil
+	}
 	start := time.Now()
-	rsp, err := r.roundTripLocked(cmd)
+	real, err := r.toRealLocked(cl, cmd, nh)
 	if err != nil {
 		return nil, err
 	}
-	cc := CommandCode(cmd)
+	rsp, err := r.roundTripEvictingLocked(cl, real)
+	if err != nil {
+		return nil, err
+	}
 	if d := r.opts.Latency[cc]; d > 0 {
 		time.Sleep(d - time.Since(start))
 	}
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
 		r.log.Debug("TPM command", "command", commandName(cc), "response_code", fmt.Sprintf("0x%x", ResponseCode(rsp)), "took", time.Since(start))
 	}
-	cl.track(cc, cmd, rsp)
+	if h, ok := cl.track(cc, cmd, rsp, nh); ok && uint32(h)>>24 != htTransient {
+		r.disownLocked(cl, h)
+	}
 	return rsp, nil
+}
+
+// listCommandsLocked asks the TPM for its commands' handle counts
+// (bounded: at most 16 pages).
+func (r *Relay) listCommandsLocked() (handleCounts, error) {
+	hc := handleCounts{}
+	next := uint32(0x11F) // TPM_CC_FIRST (Part 2 §6.5.2)
+	for range 16 {
+		rsp, err := r.roundTripLocked(commandsQuery(next))
+		if err != nil {
+			return hc, err
+		}
+		if next, err = hc.parseCommands(rsp); err != nil || next == 0 {
+			return hc, err
+		}
+	}
+	return hc, nil
+}
+
+// isolateLocked answers a command the relay does not forward: one naming
+// another client's handle (refused), or a listing of loaded handles (the
+// client's own). Nil: forward it.
+func (r *Relay) isolateLocked(cl *client, cmd []byte, nh int) []byte {
+	if r.opts.KeepObjects {
+		return nil
+	}
+	if rc := cl.foreign(cmd, nh); rc != 0 {
+		r.log.Warn("TPM relay: refused a command naming another client's object or session (TPM_RC_HANDLE)", "command", commandName(CommandCode(cmd)), "response_code", fmt.Sprintf("0x%x", rc))
+		return refusal(rc)
+	}
+	if property, count, ok := handlesQuery(cmd); ok {
+		return cl.ownHandles(property, count)
+	}
+	return nil
+}
+
+// disownLocked forgets session h in every client but cl: the TPM just
+// gave it to cl, so any other claim on it was stale (a session the TPM
+// ended). Object handles are per client (swap.go) and not disowned.
+func (r *Relay) disownLocked(cl *client, h tpm2.TPMHandle) {
+	for _, other := range r.clients {
+		if other != cl {
+			delete(other.objects, h)
+		}
+	}
+}
+
+// handleCountLocked is cc's handle count, -1 when unknown. The table is
+// asked of the TPM once.
+func (r *Relay) handleCountLocked(cc tpm2.TPMCC) int {
+	if r.opts.KeepObjects {
+		return -1
+	}
+	if r.counts == nil {
+		hc, err := r.listCommandsLocked()
+		if err != nil && r.upstream == nil {
+			return -1 // the TPM is unreachable: ask again with the next command
+		}
+		if err != nil {
+			r.log.Warn("TPM relay: the TPM did not list its commands; only flushes of other clients' handles are refused, and objects are not swapped", "error", err)
+		}
+		r.counts = hc
+	}
+	if n, ok := r.counts[cc]; ok {
+		return n
+	}
+	return -1
 }
 
 func (r *Relay) roundTripLocked(cmd []byte) ([]byte, error) {
@@ -236,34 +334,44 @@ func (r *Relay) dropUpstreamLocked() {
 	}
 }
 
-// Commands whose response's first handle is a new transient object
-// (TPM 2.0 Part 3: CreatePrimary §24.1, Load §12.2, LoadExternal §12.3,
-// ContextLoad §28.3, CreateLoaded §12.9, HashSequenceStart §17.3).
-var createsObject = map[tpm2.TPMCC]bool{
+// Commands whose response's first handle is a new transient object or
+// session (TPM 2.0 Part 3: CreatePrimary §24.1, Load §12.2, LoadExternal
+// §12.3, ContextLoad §28.3, CreateLoaded §12.9, HashSequenceStart §17.3,
+// HMAC_Start §17.2, StartAuthSession §11.1).
+var createsHandle = map[tpm2.TPMCC]bool{
 	tpm2.TPMCCCreatePrimary: true, tpm2.TPMCCLoad: true, tpm2.TPMCCLoadExternal: true,
 	tpm2.TPMCCContextLoad: true, tpm2.TPMCCCreateLoaded: true, tpm2.TPMCCHashSequenceStart: true,
+	tpm2.TPMCCHMACStart: true, tpm2.TPMCCStartAuthSession: true,
 }
 
-// transientFirst is the first transient object handle (TPM 2.0 Part 2
-// §7.4, TPM_HT_TRANSIENT).
-const transientFirst = 0x80000000
+// Commands that end the sequence object of their first handle (Part 3
+// §17.5 SequenceComplete, §17.6 EventSequenceComplete).
+var endsSequence = map[tpm2.TPMCC]bool{tpm2.TPMCCSequenceComplete: true, tpm2.TPMCCEventSequenceComplete: true}
 
-// track records transient objects the client created and forgets the
-// ones it flushed.
-func (cl *client) track(cc tpm2.TPMCC, cmd, rsp []byte) {
+// track records the objects and sessions the client created and forgets
+// the ones it flushed or that the command ended; it returns a handle the
+// TPM just created.
+func (cl *client) track(cc tpm2.TPMCC, cmd, rsp []byte, nHandles int) (tpm2.TPMHandle, bool) {
 	if ResponseCode(rsp) != 0 {
-		return
+		return 0, false
+	}
+	for _, s := range sessionsOf(cmd, nHandles) {
+		if s.ends && s.handle>>24 != htTransient {
+			cl.forget(tpm2.TPMHandle(s.handle))
+		}
 	}
 	switch {
-	case createsObject[cc] && len(rsp) >= 14:
+	case createsHandle[cc] && len(rsp) >= 14:
 		// Response: header, then the handle area (Part 1 §18.8).
-		if h := tpm2.TPMHandle(binary.BigEndian.Uint32(rsp[10:14])); h >= transientFirst {
-			cl.objects[h] = struct{}{}
+		if h := binary.BigEndian.Uint32(rsp[10:14]); ownable(h) {
+			return cl.newHandle(rsp, h), true
 		}
-	case cc == tpm2.TPMCCFlushContext && len(cmd) >= 14:
-		// FlushContext's handle is a parameter (Part 3 §28.4).
-		delete(cl.objects, tpm2.TPMHandle(binary.BigEndian.Uint32(cmd[10:14])))
+	case (cc == tpm2.TPMCCFlushContext || endsSequence[cc]) && len(cmd) >= 14:
+		// FlushContext's handle is a parameter (Part 3 §28.4), the
+		// sequence's the first handle; cmd holds the client's handles.
+		cl.forget(tpm2.TPMHandle(binary.BigEndian.Uint32(cmd[10:14])))
 	}
+	return 0, false
 }
 
 // flushCommand is TPM2_FlushContext(h) (Part 3 §28.4): no sessions.
