@@ -229,17 +229,14 @@ func ekPolicy(t transport.TPM, session tpm2.TPMISHPolicy, nonceTPM tpm2.TPM2BNon
 	return nil
 }
 
-// SignedPolicyDigest is the authPolicy of a key created under the
-// policy authorities pubs (see WithAuthorities): what a verifier expects
-// of an attested key under signed policies.
+// SignedPolicyDigest is the authPolicy of a v1 key (policyRef without the
+// PCR selection) created under the policy authorities pubs: what a
+// verifier expected of keys made before the selection was bound.
+// SignedPolicyDigestFor gives the digest of a key made today.
 func SignedPolicyDigest(pubs []crypto.PublicKey) ([]byte, error) {
-	auths := make([]*Authority, 0, len(pubs))
-	for _, p := range pubs {
-		a, err := NewAuthority(p)
-		if err != nil {
-			return nil, err
-		}
-		auths = append(auths, a)
+	auths, err := newAuthorities(pubs)
+	if err != nil {
+		return nil, err
 	}
 	pol, _, err := authorizedPolicy(auths)
 	return pol, err

@@ -73,6 +73,16 @@ func SignedPolicyDigestFor(pubs []crypto.PublicKey, b Binding) ([]byte, error) {
 	if b.mode == modeInvalid {
 		return nil, errors.New("signed policy digest: no key binding")
 	}
+	auths, err := newAuthorities(pubs)
+	if err != nil {
+		return nil, err
+	}
+	pol, _, err := authorizedPolicyRef(auths, b.ref)
+	return pol, err
+}
+
+// newAuthorities turns policy-authority public keys into Authorities, in order.
+func newAuthorities(pubs []crypto.PublicKey) ([]*Authority, error) {
 	auths := make([]*Authority, 0, len(pubs))
 	for _, p := range pubs {
 		a, err := NewAuthority(p)
@@ -81,8 +91,7 @@ func SignedPolicyDigestFor(pubs []crypto.PublicKey, b Binding) ([]byte, error) {
 		}
 		auths = append(auths, a)
 	}
-	pol, _, err := authorizedPolicyRef(auths, b.ref)
-	return pol, err
+	return auths, nil
 }
 
 func digestList(ds [][]byte) tpm2.TPMLDigest {
