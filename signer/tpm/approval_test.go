@@ -81,6 +81,7 @@ func TestCheckApproval(t *testing.T) {
 		{"pol not hex", func(a *Approval) { a.Pol = "zz" }, "pol"},
 		{"other pol", func(a *Approval) { a.Pol = strings.Repeat("00", 32); a.PCRValues = nil }, "does not verify"},
 		{"foreign key", func(a *Approval) { *a = *foreign }, "not an authority of this key"},
+		{"no pkfp (an ECC authority has no systemd fingerprint)", func(a *Approval) { a.PKFP = "" }, "not an authority of this key"},
 		{"foreign signature relabelled", func(a *Approval) { a.Sig = foreign.Sig }, "does not verify"},
 		{"sig not base64", func(a *Approval) { a.Sig = "!" }, "base64"},
 		{"sig not TPMT_SIGNATURE", func(a *Approval) { a.Sig = base64.StdEncoding.EncodeToString([]byte{1}) }, "TPMT_SIGNATURE"},
