@@ -234,7 +234,7 @@ func printAuthority(w io.Writer, uri string, a *tpm.Authority) {
 		fmt.Fprintf(w, "systemd pkfp: %s (systemd-measure's)\n", fp)
 	}
 	fmt.Fprintf(w, "TPM name:     %x\n", a.Name())
-	fmt.Fprintf(w, "next: steward-trustd-ceremony init --signer 'tpm:path=/etc/steward-trustd/os-ca.tpmkey;approvals=/etc/steward-trustd/approvals' --policy-authority %s --cluster NAME --out DIR\n", uri)
+	fmt.Fprintf(w, "next: steward-trustd-ceremony init --signer 'tpm:path=/etc/steward-trustd/os-ca.tpmkey;approvals=/etc/steward-trustd/approvals' --policy-authority '%s' --cluster NAME --out DIR\n", uri)
 }
 
 // approveFlags are the flags of policy approve.

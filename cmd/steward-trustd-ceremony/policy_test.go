@@ -113,4 +113,8 @@ func TestPrintAuthorityHidesPIN(t *testing.T) {
 	if strings.Contains(out.String(), pin) || !strings.Contains(out.String(), "object=authority") {
 		t.Fatalf("printAuthority printed the PIN or lost the key's name:\n%s", out.String())
 	}
+	// The URI holds ';' and '&': the next command quotes it for the shell.
+	if !strings.Contains(out.String(), "--policy-authority 'pkcs11:token=hsm;") {
+		t.Fatalf("the next command does not quote the authority URI:\n%s", out.String())
+	}
 }
