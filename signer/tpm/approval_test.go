@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -414,5 +415,58 @@ func TestSignApprovalRefusesWhatTheSignerRefuses(t *testing.T) {
 				t.Fatalf("SignApproval(%v) = %v, want an error about the PCRs", tc.pcrs, err)
 			}
 		})
+	}
+}
+
+// TestBlobBindingAgainstURI: the blob's policy says how the key binds
+// approvals; a URI that says otherwise (systemd=true for a v2 key,
+// another pcrs= than the bound selection) is refused, and a URI that
+// says nothing gets the blob's binding.
+func TestBlobBindingAgainstURI(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, b Binding) string {
+		auths := []*Authority{authority(t, p256(t))}
+		policy, _, err := authorizedPolicyRef(auths, b.Ref())
+		if err != nil {
+			t.Fatal(err)
+		}
+		blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, authorities: auths, binding: b}
+		data, err := blob.marshalPEM("test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := dir + "/" + name
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return "tpm:path=" + path + ";approvals=" + dir
+	}
+	v2, sd := write("v2.tpmkey", mustBinding(t, 7)), write("systemd.tpmkey", SystemdBinding())
+	tests := []struct {
+		uri, wantMode string
+		wantErr       bool
+	}{
+		{v2, "v2", false},
+		{v2 + ";pcrs=7", "v2", false},
+		{v2 + ";pcrs=0,7", "", true},
+		{v2 + ";systemd=true", "", true},
+		{sd, "systemd", false},
+		{sd + ";systemd=true", "systemd", false},
+	}
+	for _, tt := range tests {
+		u, err := ParseURI(tt.uri)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, err := readBlobFile(u)
+		if tt.wantErr {
+			if !errors.Is(err, signer.ErrInvalidURI) {
+				t.Errorf("%s: %v, want ErrInvalidURI", tt.uri, err)
+			}
+			continue
+		}
+		if err != nil || k.binding.Mode() != tt.wantMode {
+			t.Errorf("%s: binding %v, %v; want %s", tt.uri, k, err, tt.wantMode)
+		}
 	}
 }
