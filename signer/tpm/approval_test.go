@@ -258,15 +258,7 @@ func checkBlobRoundTrip(t *testing.T, b Binding, n int) {
 	for i := range auths {
 		auths[i] = authority(t, p256(t))
 	}
-	policy, _, err := authorizedPolicyRef(auths, b.Ref())
-	if err != nil {
-		t.Fatal(err)
-	}
-	blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, authorities: auths, binding: b}
-	data, err := blob.marshalPEM("test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	blob, policy, data := authorizedBlob(t, auths, b)
 	got, err := parseKeyBlob(data)
 	if err != nil {
 		t.Fatal(err)
@@ -288,6 +280,22 @@ func checkBlobRoundTrip(t *testing.T, b Binding, n int) {
 	if first.CommandCode != int(tpm2.TPMCCPolicyAuthorize) || !bytes.HasSuffix(first.CommandPolicy, append(tpm2.Marshal(tpm2.TPM2BDigest{Buffer: []byte(b.Ref())}), 0x00, 0x10)) {
 		t.Fatalf("first statement %x", first.CommandPolicy)
 	}
+}
+
+// authorizedBlob is a key blob (a dummy private part) under auths with
+// binding b, its authPolicy and its PEM file contents.
+func authorizedBlob(t *testing.T, auths []*Authority, b Binding) (*keyBlob, []byte, []byte) {
+	t.Helper()
+	policy, _, err := authorizedPolicyRef(auths, b.Ref())
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, authorities: auths, binding: b}
+	data, err := blob.marshalPEM("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blob, policy, data
 }
 
 // TestBindingRefs: the v2 policyRef names the selection as a 24-bit
@@ -425,16 +433,7 @@ func TestSignApprovalRefusesWhatTheSignerRefuses(t *testing.T) {
 func TestBlobBindingAgainstURI(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name string, b Binding) string {
-		auths := []*Authority{authority(t, p256(t))}
-		policy, _, err := authorizedPolicyRef(auths, b.Ref())
-		if err != nil {
-			t.Fatal(err)
-		}
-		blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, authorities: auths, binding: b}
-		data, err := blob.marshalPEM("test")
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, _, data := authorizedBlob(t, []*Authority{authority(t, p256(t))}, b)
 		path := dir + "/" + name
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
