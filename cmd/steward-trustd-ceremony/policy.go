@@ -31,6 +31,7 @@ import (
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/pkcs11"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
 )
 
@@ -222,14 +223,18 @@ func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout
 }
 
 // printAuthority says what identifies a new authority and what to do next.
+// A pkcs11: URI is shown with its pin-value redacted.
 func printAuthority(w io.Writer, uri string, a *tpm.Authority) {
+	if u, err := pkcs11.ParseURI(uri); err == nil {
+		uri = u.String()
+	}
 	fmt.Fprintf(w, "policy authority created: %s\n", uri)
 	fmt.Fprintf(w, "fingerprint:  sha256 %s (pkfp of our approvals)\n", a.Fingerprint())
 	if fp := a.SystemdFingerprint(); fp != "" {
 		fmt.Fprintf(w, "systemd pkfp: %s (systemd-measure's)\n", fp)
 	}
 	fmt.Fprintf(w, "TPM name:     %x\n", a.Name())
-	fmt.Fprintf(w, "next: steward-trustd-ceremony init --signer 'tpm:path=/etc/steward-trustd/os-ca.tpmkey;approvals=/etc/steward-trustd/approvals' --policy-authority %s --cluster NAME --out DIR\n", uri)
+	fmt.Fprintf(w, "next: steward-trustd-ceremony init --signer 'tpm:path=/etc/steward-trustd/os-ca.tpmkey;approvals=/etc/steward-trustd/approvals' --policy-authority '%s' --cluster NAME --out DIR\n", uri)
 }
 
 // approveFlags are the flags of policy approve.

@@ -2,12 +2,16 @@ package main
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/signer/tpm"
 )
 
 func TestPolicyUsageErrors(t *testing.T) {
@@ -88,5 +92,29 @@ func TestPolicyAuthorityCreate(t *testing.T) {
 	code, _, stderr := runCmd(t, "policy", "approve", "--authority", missing, "--signer", "tpm:handle=0x81000100;socket=/unused", "--pcr", "7="+strings.Repeat("ab", 32), "--out", filepath.Join(dir, "a.json"))
 	if code != 1 || !strings.Contains(stderr, "steward-trustd-ceremony policy authority create --key") {
 		t.Fatalf("approve with a missing authority: exit %d, %s", code, stderr)
+	}
+}
+
+// TestPrintAuthorityHidesPIN: policy authority create echoes the key URI
+// (and the next command with it); a pkcs11: URI's pin-value must not be
+// printed.
+func TestPrintAuthorityHidesPIN(t *testing.T) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := tpm.NewAuthority(k.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const pin = "s3cret-pin-4711"
+	var out strings.Builder
+	printAuthority(&out, "pkcs11:token=hsm;object=authority?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-value="+pin, a)
+	if strings.Contains(out.String(), pin) || !strings.Contains(out.String(), "object=authority") {
+		t.Fatalf("printAuthority printed the PIN or lost the key's name:\n%s", out.String())
+	}
+	// The URI holds ';' and '&': the next command quotes it for the shell.
+	if !strings.Contains(out.String(), "--policy-authority 'pkcs11:token=hsm;") {
+		t.Fatalf("the next command does not quote the authority URI:\n%s", out.String())
 	}
 }

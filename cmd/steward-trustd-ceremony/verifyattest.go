@@ -25,8 +25,9 @@ type verifyAttestFlags struct {
 // expectFlags say what a verifier of attestation evidence expects:
 // verify-attestation's and intermediate sign's.
 type expectFlags struct {
-	ekRoots, pcrDigest string
-	authorities        []string
+	ekRoots, pcrDigest, pcrs string
+	systemd                  bool
+	authorities              []string
 	// ekPin and ekPins are intermediate sign's (registerPins).
 	ekPin, ekPins string
 }
@@ -36,9 +37,37 @@ func (e *expectFlags) register(c *cobra.Command) {
 	fs.StringVar(&e.ekRoots, "ek-roots", "", "PEM bundle of trusted EK root (and intermediate) certificates of the TPM vendors")
 	cli.ListVar(fs, &e.authorities, "policy-authority", nil, "the attested key is under these policy authorities (file:/pkcs11: key URIs, in creation order) instead of fixed PCR values")
 	fs.StringVar(&e.pcrDigest, "pcr-digest", "", "expected creation PCR digest, hex (SHA-256 over the golden PCR values)")
+	fs.StringVar(&e.pcrs, "pcrs", "", "the sha256 PCR selection the key was created with (its pcrs=; under --policy-authority also bound in its policy), e.g. 0,7 (default 7)")
+	fs.BoolVar(&e.systemd, "systemd-compatible", false, "the key under --policy-authority was created --systemd-compatible (PCR 11, empty policyRef)")
+}
+
+// selection is the creation PCR selection the flags expect and, for a
+// key under policy authorities, the binding its policy must name.
+func (e *expectFlags) selection() ([]int, tpm.Binding, error) {
+	switch {
+	case e.systemd && (len(e.authorities) == 0 || e.pcrs != ""):
+		return nil, tpm.Binding{}, cli.Usagef("--systemd-compatible applies to a key under --policy-authority, and fixes its selection to PCR %d: drop --pcrs", tpm.SystemdPCR)
+	case e.systemd:
+		return []int{tpm.SystemdPCR}, tpm.SystemdBinding(), nil
+	}
+	pcrs := []int{attestation.DefaultPCR}
+	if e.pcrs != "" {
+		var err error
+		if pcrs, err = tpm.ParsePCRs(e.pcrs); err != nil {
+			return nil, tpm.Binding{}, cli.Usage(err)
+		}
+	}
+	b, err := tpm.BindingForPCRs(pcrs)
+	if err != nil {
+		return nil, tpm.Binding{}, cli.Usage(err)
+	}
+	return pcrs, b, nil
 }
 
 func (e *expectFlags) check() error {
+	if _, _, err := e.selection(); err != nil {
+		return err
+	}
 	if e.pcrDigest != "" {
 		if b, err := hex.DecodeString(e.pcrDigest); err != nil || len(b) != 32 {
 			return cli.Usagef("--pcr-digest must be 32 bytes in hex")
@@ -154,7 +183,11 @@ func (e *expectFlags) expectations(ctx context.Context, env *environment, stderr
 	if err != nil {
 		return nil, fmt.Errorf("--ek-roots %s: %w", e.ekRoots, err)
 	}
-	o := &attestation.Options{EKRoots: roots}
+	pcrs, b, err := e.selection()
+	if err != nil {
+		return nil, err
+	}
+	o := &attestation.Options{EKRoots: roots, PCRs: pcrs}
 	if e.pcrDigest != "" {
 		o.PCRDigest, _ = hex.DecodeString(e.pcrDigest)
 	}
@@ -165,11 +198,8 @@ func (e *expectFlags) expectations(ctx context.Context, env *environment, stderr
 	if err != nil {
 		return nil, err
 	}
-	// The key's policyRef binds its PCR selection (v2): the expected one.
-	b, err := tpm.BindingForPCRs([]int{attestation.DefaultPCR})
-	if err != nil {
-		return nil, err
-	}
+	// The key's policyRef binds its PCR selection (v2), or is empty
+	// (--systemd-compatible): the expected one.
 	pol, err := tpm.SignedPolicyDigestFor(pubs, b)
 	if err != nil {
 		return nil, err

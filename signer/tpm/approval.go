@@ -220,7 +220,9 @@ func checkApproval(a Approval, auths []*Authority, b Binding) (checkedApproval, 
 	if err != nil || len(pol) != 32 {
 		return checkedApproval{}, errors.New("pol is not a hex SHA-256 digest")
 	}
-	idx := slices.IndexFunc(auths, func(x *Authority) bool { return x.fp == a.PKFP || x.systemdFP == a.PKFP })
+	// An ECC authority has no systemd fingerprint (""): an empty pkfp
+	// must not match it.
+	idx := slices.IndexFunc(auths, func(x *Authority) bool { return a.PKFP != "" && (x.fp == a.PKFP || x.systemdFP == a.PKFP) })
 	if idx < 0 {
 		return checkedApproval{}, fmt.Errorf("signed by %s, which is not an authority of this key", a.PKFP)
 	}

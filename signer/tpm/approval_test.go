@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -81,6 +82,7 @@ func TestCheckApproval(t *testing.T) {
 		{"pol not hex", func(a *Approval) { a.Pol = "zz" }, "pol"},
 		{"other pol", func(a *Approval) { a.Pol = strings.Repeat("00", 32); a.PCRValues = nil }, "does not verify"},
 		{"foreign key", func(a *Approval) { *a = *foreign }, "not an authority of this key"},
+		{"no pkfp (an ECC authority has no systemd fingerprint)", func(a *Approval) { a.PKFP = "" }, "not an authority of this key"},
 		{"foreign signature relabelled", func(a *Approval) { a.Sig = foreign.Sig }, "does not verify"},
 		{"sig not base64", func(a *Approval) { a.Sig = "!" }, "base64"},
 		{"sig not TPMT_SIGNATURE", func(a *Approval) { a.Sig = base64.StdEncoding.EncodeToString([]byte{1}) }, "TPMT_SIGNATURE"},
@@ -256,15 +258,7 @@ func checkBlobRoundTrip(t *testing.T, b Binding, n int) {
 	for i := range auths {
 		auths[i] = authority(t, p256(t))
 	}
-	policy, _, err := authorizedPolicyRef(auths, b.Ref())
-	if err != nil {
-		t.Fatal(err)
-	}
-	blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, authorities: auths, binding: b}
-	data, err := blob.marshalPEM("test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	blob, policy, data := authorizedBlob(t, auths, b)
 	got, err := parseKeyBlob(data)
 	if err != nil {
 		t.Fatal(err)
@@ -286,6 +280,22 @@ func checkBlobRoundTrip(t *testing.T, b Binding, n int) {
 	if first.CommandCode != int(tpm2.TPMCCPolicyAuthorize) || !bytes.HasSuffix(first.CommandPolicy, append(tpm2.Marshal(tpm2.TPM2BDigest{Buffer: []byte(b.Ref())}), 0x00, 0x10)) {
 		t.Fatalf("first statement %x", first.CommandPolicy)
 	}
+}
+
+// authorizedBlob is a key blob (a dummy private part) under auths with
+// binding b, its authPolicy and its PEM file contents.
+func authorizedBlob(t *testing.T, auths []*Authority, b Binding) (*keyBlob, []byte, []byte) {
+	t.Helper()
+	policy, _, err := authorizedPolicyRef(auths, b.Ref())
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, authorities: auths, binding: b}
+	data, err := blob.marshalPEM("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blob, policy, data
 }
 
 // TestBindingRefs: the v2 policyRef names the selection as a 24-bit
@@ -413,5 +423,49 @@ func TestSignApprovalRefusesWhatTheSignerRefuses(t *testing.T) {
 				t.Fatalf("SignApproval(%v) = %v, want an error about the PCRs", tc.pcrs, err)
 			}
 		})
+	}
+}
+
+// TestBlobBindingAgainstURI: the blob's policy says how the key binds
+// approvals; a URI that says otherwise (systemd=true for a v2 key,
+// another pcrs= than the bound selection) is refused, and a URI that
+// says nothing gets the blob's binding.
+func TestBlobBindingAgainstURI(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, b Binding) string {
+		_, _, data := authorizedBlob(t, []*Authority{authority(t, p256(t))}, b)
+		path := dir + "/" + name
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return "tpm:path=" + path + ";approvals=" + dir
+	}
+	v2, sd := write("v2.tpmkey", mustBinding(t, 7)), write("systemd.tpmkey", SystemdBinding())
+	tests := []struct {
+		uri, wantMode string
+		wantErr       bool
+	}{
+		{v2, "v2", false},
+		{v2 + ";pcrs=7", "v2", false},
+		{v2 + ";pcrs=0,7", "", true},
+		{v2 + ";systemd=true", "", true},
+		{sd, "systemd", false},
+		{sd + ";systemd=true", "systemd", false},
+	}
+	for _, tt := range tests {
+		u, err := ParseURI(tt.uri)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, err := readBlobFile(u)
+		if tt.wantErr {
+			if !errors.Is(err, signer.ErrInvalidURI) {
+				t.Errorf("%s: %v, want ErrInvalidURI", tt.uri, err)
+			}
+			continue
+		}
+		if err != nil || k.binding.Mode() != tt.wantMode {
+			t.Errorf("%s: binding %v, %v; want %s", tt.uri, k, err, tt.wantMode)
+		}
 	}
 }

@@ -171,7 +171,7 @@ func (d *approvalDir) readFile(root, name string) (approvalFileState, bool) {
 		return old, true
 	}
 	st := approvalFileState{target: target, size: fi.Size(), mtime: fi.ModTime()}
-	data, err := readLimited(target, MaxApprovalFileSize)
+	data, err := readLimited(root, target, MaxApprovalFileSize)
 	if err == nil {
 		st.approvals, err = parseApprovals(name, data, d.auths, d.binding)
 	}
@@ -190,23 +190,35 @@ func inside(root, path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if rel, err := filepath.Rel(root, target); err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+	if !within(root, target) {
 		return "", fmt.Errorf("%s is a symlink to %s, outside the approvals directory %s; put the approval file itself in the directory", path, target, root)
 	}
 	return target, nil
+}
+
+// within reports whether the resolved path p is root or under it
+// (lexically: p has no symlinks left to follow).
+func within(root, p string) bool {
+	rel, err := filepath.Rel(root, p)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
 }
 
 // readLimited reads at most limit+1 bytes of path, so that an oversized
 // file is refused without reading all of it. It opens without blocking
 // and checks the opened file is regular: a file swapped for a FIFO after
 // the scan's Stat would otherwise block the open, and the signer holding
-// its mutex, until something writes to it.
-func readLimited(path string, limit int64) ([]byte, error) {
+// its mutex, until something writes to it. It also checks that the file
+// opened is inside root: a directory on the way swapped for a symlink
+// after inside's check would otherwise lead the open out of it.
+func readLimited(root, path string, limit int64) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if err := openedInside(root, f); err != nil {
+		return nil, err
+	}
 	fi, err := f.Stat()
 	if err != nil {
 		return nil, err
@@ -215,4 +227,18 @@ func readLimited(path string, limit int64) ([]byte, error) {
 		return nil, fmt.Errorf("%s is not a regular file (%s); put approval files in the directory as plain files", path, fi.Mode().Type())
 	}
 	return io.ReadAll(io.LimitReader(f, limit+1))
+}
+
+// openedInside checks that the file f is inside root by the path the
+// kernel opened (/proc/self/fd, proc(5)), which no later rename changes
+// into another file.
+func openedInside(root string, f *os.File) error {
+	opened, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	if err != nil {
+		return fmt.Errorf("cannot tell which file %s opened (is /proc mounted?): %w", f.Name(), err)
+	}
+	if !within(root, opened) {
+		return fmt.Errorf("%s led out of the approvals directory %s to %s while it was opened (a symlink swapped in); put the approval file itself in the directory", f.Name(), root, opened)
+	}
+	return nil
 }

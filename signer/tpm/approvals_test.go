@@ -1,6 +1,8 @@
 package tpm
 
 import (
+	"crypto/ecdsa"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"os"
@@ -41,7 +43,7 @@ func TestReadLimitedRefusesNonRegular(t *testing.T) {
 			}
 			done := make(chan result, 1)
 			go func() {
-				data, err := readLimited(tc.path, tc.limit)
+				data, err := readLimited(dir, tc.path, tc.limit)
 				done <- result{data, err}
 			}()
 			select {
@@ -70,6 +72,7 @@ func TestReadLimitedRefusesNonRegular(t *testing.T) {
 // one authority, read by approvalDir with its log kept.
 type approvalDirFixture struct {
 	dir  string
+	key  *ecdsa.PrivateKey
 	auth *Authority
 	data []byte // a valid approval file
 	log  *strings.Builder
@@ -87,7 +90,7 @@ func newApprovalDirFixture(t *testing.T) *approvalDirFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &approvalDirFixture{dir: filepath.Join(t.TempDir(), "approvals"), auth: authority(t, k), data: data, log: &strings.Builder{}}
+	f := &approvalDirFixture{dir: filepath.Join(t.TempDir(), "approvals"), key: k, auth: authority(t, k), data: data, log: &strings.Builder{}}
 	if err := os.Mkdir(f.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -171,5 +174,51 @@ func TestApprovalDirCapCountsUsableFiles(t *testing.T) {
 	f.loaded()
 	if n := strings.Count(f.log.String(), "too many files"); n != 1 {
 		t.Fatalf("%d warnings about the cap, want 1", n)
+	}
+}
+
+// TestApprovalDirSymlinkSwapRace: a directory of the ConfigMap layout
+// swapped for a symlink out of the approvals directory between the
+// symlink check and the open must not make the signer read the file it
+// leads to (the check is on what was opened, not on the path before).
+func TestApprovalDirSymlinkSwapRace(t *testing.T) {
+	f := newApprovalDirFixture(t)
+	real := filepath.Join(f.dir, "..2026_12_03")
+	f.write(t, filepath.Join(real, "cm.json"), f.data)
+	symlink(t, "..2026_12_03/cm.json", filepath.Join(f.dir, "cm.json"))
+	outside := filepath.Join(filepath.Dir(f.dir), "elsewhere")
+	a, err := SignApproval(f.key, mustBinding(t, 7), []int{7}, [][]byte{pcrValue(2)}, ApprovalMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := MarshalApprovals(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.write(t, filepath.Join(outside, "cm.json"), data)
+	stop := make(chan struct{})
+	flipped := make(chan struct{})
+	go func() {
+		defer close(flipped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = os.Rename(real, real+".moved")
+			_ = os.Symlink(outside, real)
+			_ = os.Remove(real)
+			_ = os.Rename(real+".moved", real)
+		}
+	}()
+	defer func() { close(stop); <-flipped }()
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+		f.d.files = map[string]approvalFileState{} // re-read every time
+		for _, c := range f.d.current(true) {
+			if hex.EncodeToString(c.pol) == a.Pol {
+				t.Fatalf("read the approval outside the directory through a swapped symlink")
+			}
+		}
 	}
 }
