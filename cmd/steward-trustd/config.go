@@ -63,6 +63,14 @@ func settings() []setting {
 		{"signer-wait", "TRUSTD_SIGNER_WAIT", "deadline of a request that carries none; a request waits for the signer until its deadline and reaches it only if it can finish by then (default 2s)", false},
 		{"reload-interval", "TRUSTD_RELOAD_INTERVAL", "how often the cert dir is checked for changes (default 5s)", false},
 		{"ready-window", "TRUSTD_READY_WINDOW", "the signer counts as ready for this long after a good signature; idle, it is probed every half window (default 30s)", false},
+		{"max-authenticated-per-prefix", "TRUSTD_MAX_AUTHENTICATED_PER_PREFIX", "connections of one prefix (see connection-prefixes) that count as authenticated at once; beyond it requests are served on evictable connections (default half of max-connections)", false},
+		{"connection-prefixes-v4", "TRUSTD_CONNECTION_PREFIXES_V4", "comma-separated IPv4 prefix lengths over which the busiest clients are counted besides single addresses (default 24,16)", false},
+		{"connection-prefixes-v6", "TRUSTD_CONNECTION_PREFIXES_V6", "comma-separated IPv6 prefix lengths, likewise (default 64,48)", false},
+		{"known-worker-reserve", "TRUSTD_KNOWN_WORKER_RESERVE", "unauthenticated slots that addresses unknown as workers cannot take (default a quarter of max-unauthenticated-connections)", false},
+		{"known-worker-ttl", "TRUSTD_KNOWN_WORKER_TTL", "how long an address whose request passed stays a known worker (default 25h)", false},
+		{"eviction-grace", "TRUSTD_EVICTION_GRACE", "a new connection keeps its slot this long whatever comes after it (default 2s)", false},
+		{"defer-accept", "TRUSTD_DEFER_ACCEPT", "the kernel holds a connection that has sent nothing this long (TCP_DEFER_ACCEPT), then it is closed; 'off' to hand over every connection at once (default 3s)", false},
+		{"request-idle-timeout", "TRUSTD_REQUEST_IDLE_TIMEOUT", "a connection this long after its last request ended is closed; below auth-timeout (default 2s)", false},
 	}
 }
 
@@ -151,7 +159,7 @@ func bad(name, format string, args ...any) error {
 
 func loadConfig(get lookup) (*config, error) {
 	c := &config{certDir: defaultCertDir}
-	for _, load := range []func(*config, lookup) error{loadListen, loadInline, loadPolicy, loadRates, loadConns, loadIntervals} {
+	for _, load := range []func(*config, lookup) error{loadListen, loadInline, loadPolicy, loadRates, loadConns, loadFrontDoor, loadIntervals} {
 		if err := load(c, get); err != nil {
 			return nil, err
 		}

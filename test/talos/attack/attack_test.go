@@ -35,8 +35,17 @@ import (
 var (
 	attempts   = flag.Int("attempts", 20, "worker attempts under each attack")
 	concurrent = flag.Int("workers", 4, "worker attempts in flight at once")
+	daemonBin  = flag.String("daemon", "", "run the suite against this steward-trustd binary instead of the tree's (e.g. an older build, to see a case fail)")
 	binDir     string
 )
+
+// daemonBinary is the steward-trustd under test.
+func daemonBinary() string {
+	if *daemonBin != "" {
+		return *daemonBin
+	}
+	return filepath.Join(binDir, "steward-trustd")
+}
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -91,7 +100,7 @@ func TestAttacks(t *testing.T) {
 	// from 127.0.0.1 for every simulated worker here, where real workers
 	// each have their own address, so the per-address request rate
 	// (1/s, burst 20) would measure itself rather than the attacks.
-	d := devtest.StartDaemon(t, filepath.Join(binDir, "steward-trustd"), "TRUSTD_CERT_DIR="+certs,
+	d := devtest.StartDaemon(t, daemonBinary(), "TRUSTD_CERT_DIR="+certs,
 		fmt.Sprintf("TRUSTD_HEALTH_ADDR=127.0.0.1:%d", healthPort), "TRUSTD_PEER_RATE=-1")
 	w := &workers{addr: d.Addr, token: token, caPEM: caPEM, metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", healthPort)}
 	time.Sleep(time.Second) // let the start-up settle before measuring idle memory
