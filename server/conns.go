@@ -61,9 +61,11 @@ type ConnLimits struct {
 	// AuthTimeout closes a connection that has not carried an
 	// authenticated request this long after it was accepted (default 10s).
 	AuthTimeout time.Duration
-	// RequestIdleTimeout closes a connection this long after its last
-	// authenticated request ended (default 2s: sooner than AuthTimeout,
-	// since a token is no lease on a slot).
+	// RequestIdleTimeout is how long a connection without a request in
+	// flight may stay (default 2s: sooner than AuthTimeout, since a token
+	// is no lease on a slot): gRPC sends it a GOAWAY then, and the
+	// listener closes a served one that is still open twice as long after
+	// its last request.
 	RequestIdleTimeout time.Duration
 	// FirstMessageTimeout resets a stream whose request message has not
 	// arrived this long after its headers (default 2s).
@@ -447,13 +449,14 @@ func (l *connListener) requestStarted(tc *trackedConn) bool {
 }
 
 // requestEnded records the end of such a request: after the last one, tc
-// is idle and closed after RequestIdleTimeout.
+// is idle; gRPC sends a GOAWAY after RequestIdleTimeout, and the listener
+// closes it if it is still open after twice that.
 func (l *connListener) requestEnded(tc *trackedConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.table.requestEnded(tc) {
 		l.metrics.connMoved(stateAuthenticated, stateIdle)
-		tc.armLocked(l.cfg.RequestIdleTimeout, closedRequestIdle)
+		tc.armLocked(2*l.cfg.RequestIdleTimeout, closedRequestIdle)
 		l.freed()
 	}
 }

@@ -72,6 +72,9 @@ type attack struct {
 	maxRSS     int64 // bytes; 0: report only
 	minHeld    int64 // the attack must have held at least this many connections at once
 	minStreams int64 // and started at least this many request streams
+	// minTime is how long the attack lasts at least: some limits act
+	// after seconds (TCP_DEFER_ACCEPT's 3 s, EvictionGrace's 2 s).
+	minTime time.Duration
 	// metrics are series of the daemon's /metrics that must grow during
 	// the attack: the attack is visible to monitoring.
 	metrics []string
@@ -109,12 +112,16 @@ func TestAttacks(t *testing.T) {
 
 	attacks := []attack{
 		{name: "none (baseline)", srcs: sources(10, 1), slots: 0},
-		{name: "256 hanging streams", srcs: sources(10, 8), slots: 256, action: hangingStream, minHeld: 64, minStreams: 256,
+		// 1,024: more than the unauthenticated budget's share for unknown
+		// addresses (768 of 1,024 by default), from 32 addresses.
+		{name: "1024 hanging streams", srcs: sources(100, 32), slots: 1024, action: hangingStream, minHeld: 256, minStreams: 1024, minTime: 5 * time.Second,
+			metrics: []string{`trustd_connections_closed_total{limit="unauthenticated_evicted"}`, `trustd_connections_closed_total{limit="first_message_timeout"}`}},
+		{name: "1024 idle TLS+HTTP/2 connections", srcs: sources(140, 32), slots: 1024, action: idleConnection, minHeld: 256, minTime: 5 * time.Second,
 			metrics: []string{`trustd_connections_closed_total{limit="unauthenticated_evicted"}`}},
-		{name: "256 idle TLS+HTTP/2 connections", srcs: sources(20, 8), slots: 256, action: idleConnection, minHeld: 64,
-			metrics: []string{`trustd_connections_closed_total{limit="unauthenticated_evicted"}`}},
-		{name: "256 silent TCP sockets", srcs: sources(30, 8), slots: 256, action: silentSocket, minHeld: 64,
-			metrics: []string{`trustd_connections_closed_total{limit="unauthenticated_evicted"}`}},
+		// Held back by the kernel (TCP_DEFER_ACCEPT), closed at once
+		// when handed over after 3 s.
+		{name: "256 silent TCP sockets", srcs: sources(30, 8), slots: 256, action: silentSocket, minHeld: 64, minTime: 5 * time.Second,
+			metrics: []string{`trustd_connections_refused_total{limit="no_data"}`}},
 		{name: "header flood 128 streams x 8 MiB", srcs: sources(40, 8), slots: 8, action: headerFlood(16, 8<<20), maxRSS: 64 << 20, minHeld: 1, minStreams: 128,
 			metrics: []string{`trustd_connections_abandoned_total{stage="before_request"}`}},
 		{name: "wrong-token client on the worker's address", srcs: []string{"127.0.0.1"}, slots: 4, action: wrongTokenClient(roots), minStreams: 100,
@@ -184,7 +191,9 @@ func runAttack(t *testing.T, pid int, w *workers, at attack) result {
 	if at.slots > 0 {
 		sleepCtx(ctx, time.Second)
 	}
+	start := time.Now()
 	res := w.attempt(t, *attempts, *concurrent)
+	sleepCtx(ctx, time.Until(start.Add(at.minTime)))
 	res.peakRSS = rss(t, pid, "VmHWM")
 	after := scrape(t, w.metricsURL)
 	for _, m := range at.metrics {

@@ -71,7 +71,9 @@ func TestFrontDoor(t *testing.T) {
 			bounds: map[string]float64{`trustd_connections_open{state="authenticated"}`: 16}},
 		{name: "reset race, 2000 resets from one address", srcs: []string{"127.3.0.1"}, slots: 8, action: resetRace(250),
 			minOK: 0.99, bounds: map[string]float64{`trustd_connections_open{state="unauthenticated"}`: 1024},
-			after: func(t *testing.T, d *frontDaemon) { waitGaugeZero(t, d.metricsURL, `trustd_connections_open{state="unauthenticated"}`) }},
+			after: func(t *testing.T, d *frontDaemon) {
+				waitGaugeZero(t, d.metricsURL, `trustd_connections_open{state="unauthenticated"}`)
+			}},
 	}
 	var rows []string
 	for _, c := range cases {
