@@ -153,6 +153,7 @@ func (m *Metrics) addFrontDoorStates() {
 		Name: "trustd_front_door_state_changes_total", Help: "Transitions of each front-door state, every one (the log reports a state once it has held).",
 	}, []string{"state"})
 	initLabels(m.acceptErrors, acceptFDExhausted, acceptOther)
+	initLabels(m.tokenBadRequests, "0") // further indexes appear when first charged
 	initLabels(m.frontDoorChanges, frontStates()...)
 	initLabels(m.connsRefused, closedNoData, closedUnknownFull)
 	initLabels(m.connsClosed, closedRequestIdle)
