@@ -214,15 +214,22 @@ func (t *connTable) wait(now time.Time) time.Duration {
 // RequestIdleTimeout. Among evictable unauthenticated connections: those of addresses not known as workers before known
 // ones within their reserve; then silent before those that sent data;
 // then the busiest address and prefixes; then the oldest. A newcomer
-// from an unknown address may not take the known workers' reserve.
+// from an unknown address takes the known workers' reserve only while
+// every unknown connection is younger than EvictionGrace (a legitimate
+// storm of new nodes is not cut); otherwise an unknown connection goes.
 func (t *connTable) victim(addr netip.Addr, now time.Time) (victim *trackedConn, refuse bool) {
-	newKnown := t.known.has(addr, now)
-	unknownFull := !newKnown && t.unknownUnauth >= t.cfg.MaxUnauthenticated-t.cfg.KnownWorkerReserve
-	unauthFull := t.unauthFull() || unknownFull
-	if !t.capFull() && !unauthFull {
+	room := !t.capFull() && !t.unauthFull()
+	if !t.known.has(addr, now) && t.unknownUnauth >= t.cfg.MaxUnauthenticated-t.cfg.KnownWorkerReserve {
+		if v := t.pickUnauth(now, true); v != nil || room {
+			// Every unknown connection is still young: the newcomer borrows
+			// from the reserve, and the next unknown newcomer repays it.
+			return v, false
+		}
+	}
+	if room {
 		return nil, false
 	}
-	v := t.pickUnauth(now, unknownFull)
+	v := t.pickUnauth(now, false)
 	return v, v == nil
 }
 

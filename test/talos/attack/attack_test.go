@@ -49,7 +49,7 @@ func daemonBinary() string {
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	dir, err := devtest.BuildBinaries(filepath.Join("..", "..", ".."), "./cmd/steward-trustd", "./cmd/steward-trustd-gencreds")
+	dir, err := devtest.BuildBinaries(filepath.Join("..", "..", ".."), "./cmd/steward-trustd", "./cmd/steward-trustd-gencreds", "./cmd/steward-trustd-ceremony")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

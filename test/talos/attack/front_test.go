@@ -94,10 +94,16 @@ func startFrontDaemon(t *testing.T) *frontDaemon {
 	if out, err := devtestRun(filepath.Join(binDir, "steward-trustd-gencreds"), "-cluster", "front", "-output", certs); err != nil {
 		t.Fatalf("gencreds: %v\n%s", err, out)
 	}
+	return startFrontDaemonIn(t, certs)
+}
+
+// startFrontDaemonIn starts the daemon on the cert dir certs with env
+// besides the defaults.
+func startFrontDaemonIn(t *testing.T, certs string, env ...string) *frontDaemon {
 	token := strings.TrimSpace(string(mustRead(t, filepath.Join(certs, "token"))))
 	caPEM := mustRead(t, filepath.Join(certs, "os-ca.crt"))
 	healthPort := devtest.FreePort(t)
-	d := devtest.StartDaemon(t, daemonBinary(), "TRUSTD_CERT_DIR="+certs, fmt.Sprintf("TRUSTD_HEALTH_ADDR=127.0.0.1:%d", healthPort))
+	d := devtest.StartDaemon(t, daemonBinary(), append([]string{"TRUSTD_CERT_DIR=" + certs, fmt.Sprintf("TRUSTD_HEALTH_ADDR=127.0.0.1:%d", healthPort)}, env...)...)
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(caPEM)
 	f := &fleet{addr: d.Addr, token: token, caPEM: caPEM, tlsCfg: workerclient.TLSConfig(roots, "127.0.0.1")}
