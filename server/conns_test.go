@@ -2,11 +2,18 @@ package server
 
 import (
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -251,4 +258,55 @@ func checkAccounting(t *testing.T, l *connListener, live []*trackedConn, step in
 	if sum != len(live) {
 		t.Fatalf("step %d: per-address counts sum to %d, %d open", step, sum, len(live))
 	}
+}
+
+// emfileListener fails its first Accepts with EMFILE, as a process out of
+// file descriptors does.
+type emfileListener struct {
+	net.Listener
+	fails atomic.Int32
+}
+
+func (l *emfileListener) Accept() (net.Conn, error) {
+	if l.fails.Add(-1) >= 0 {
+		time.Sleep(5 * time.Millisecond)
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// TestOutOfFileDescriptorsIsAState: EMFILE on accept is counted, sets the
+// accept_failing state (gauge at once, one log line once it has held),
+// makes the listener not ready after the grace, and clears when
+// accepting works again.
+func TestOutOfFileDescriptorsIsAState(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := &emfileListener{Listener: ln}
+	inner.fails.Store(1 << 20)
+	logs := &devtest.LockedBuffer{}
+	m := NewMetrics(prometheus.NewRegistry(), "file", true)
+	st := newStateLog(slog.New(slog.NewJSONHandler(logs, nil)), time.Minute, 100*time.Millisecond)
+	st.onChange = m.frontState
+	l := newConnListener(inner, ConnLimits{DeferAccept: -1}, m, st)
+	l.stuckGrace = 300 * time.Millisecond
+	go l.Run()
+	defer l.Close()
+	gauge := func() float64 { return testutil.ToFloat64(m.frontDoorState.WithLabelValues(frontAcceptFailing)) }
+	eventually(t, "not ready", func() bool { st.Sweep(); return l.Check() != nil && gauge() == 1 })
+	if got := testutil.ToFloat64(m.acceptErrors.WithLabelValues(acceptFDExhausted)); got < 2 {
+		t.Fatalf("fd_exhausted accept errors %v", got)
+	}
+	if !strings.Contains(logs.String(), "out of file descriptors (raise LimitNOFILE") {
+		t.Fatalf("no log line naming the cause and the fix:\n%s", logs.String())
+	}
+	inner.fails.Store(0)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	eventually(t, "recovered", func() bool { return l.Check() == nil && gauge() == 0 })
 }

@@ -61,6 +61,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		cfg.ShutdownGrace = 10 * time.Second
 	}
 	svc := cfg.Service
+	checkFileLimit(cfg.Limits.MaxConnections, svc.log)
 	st := newStateLog(svc.log, 30*time.Second, stateHold)
 	st.onChange = svc.metrics.frontState
 	lis := newConnListener(cfg.Listener, cfg.Limits, svc.metrics, st)
