@@ -90,22 +90,14 @@ func sources(first, n int) []string {
 }
 
 func TestAttacks(t *testing.T) {
-	certs := filepath.Join(t.TempDir(), "certs")
-	if out, err := devtestRun(filepath.Join(binDir, "steward-trustd-gencreds"), "-cluster", "attack", "-output", certs); err != nil {
-		t.Fatalf("gencreds: %v\n%s", err, out)
-	}
-	token := strings.TrimSpace(string(mustRead(t, filepath.Join(certs, "token"))))
-	caPEM := mustRead(t, filepath.Join(certs, "os-ca.crt"))
-	roots := &tlsRoots{pool: x509.NewCertPool()}
-	roots.pool.AppendCertsFromPEM(caPEM)
-	healthPort := devtest.FreePort(t)
 	// Every limit at its default except one: Talos's worker code dials
 	// from 127.0.0.1 for every simulated worker here, where real workers
 	// each have their own address, so the per-address request rate
 	// (1/s, burst 20) would measure itself rather than the attacks.
-	d := devtest.StartDaemon(t, daemonBinary(), "TRUSTD_CERT_DIR="+certs,
-		fmt.Sprintf("TRUSTD_HEALTH_ADDR=127.0.0.1:%d", healthPort), "TRUSTD_PEER_RATE=-1")
-	w := &workers{addr: d.Addr, token: token, caPEM: caPEM, metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", healthPort)}
+	d := startFrontDaemonIn(t, newCerts(t, "attack"), "TRUSTD_PEER_RATE=-1")
+	roots := &tlsRoots{pool: x509.NewCertPool()}
+	roots.pool.AppendCertsFromPEM(d.fleet.caPEM)
+	w := &workers{addr: d.Addr, token: d.token, caPEM: d.fleet.caPEM, metricsURL: d.metricsURL}
 	time.Sleep(time.Second) // let the start-up settle before measuring idle memory
 	idle := rss(t, d.PID(), "VmRSS")
 	t.Logf("idle RSS: %.1f MiB", mib(idle))

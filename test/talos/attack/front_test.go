@@ -90,11 +90,16 @@ func TestFrontDoor(t *testing.T) {
 }
 
 func startFrontDaemon(t *testing.T) *frontDaemon {
+	return startFrontDaemonIn(t, newCerts(t, "front"))
+}
+
+// newCerts makes a cert dir with a file key for cluster.
+func newCerts(t *testing.T, cluster string) string {
 	certs := filepath.Join(t.TempDir(), "certs")
-	if out, err := devtestRun(filepath.Join(binDir, "steward-trustd-gencreds"), "-cluster", "front", "-output", certs); err != nil {
+	if out, err := devtestRun(filepath.Join(binDir, "steward-trustd-gencreds"), "-cluster", cluster, "-output", certs); err != nil {
 		t.Fatalf("gencreds: %v\n%s", err, out)
 	}
-	return startFrontDaemonIn(t, certs)
+	return certs
 }
 
 // startFrontDaemonIn starts the daemon on the cert dir certs with env

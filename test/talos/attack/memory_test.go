@@ -3,7 +3,6 @@ package attack
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -17,10 +16,7 @@ import (
 // peak must stay under 64 MiB, and the bytes per connection are
 // reported. The budgets are raised so that all 1,024 stay open.
 func TestConnectionMemory(t *testing.T) {
-	certs := filepath.Join(t.TempDir(), "certs")
-	if out, err := devtestRun(filepath.Join(binDir, "steward-trustd-gencreds"), "-cluster", "mem", "-output", certs); err != nil {
-		t.Fatalf("gencreds: %v\n%s", err, out)
-	}
+	certs := newCerts(t, "mem")
 	d := devtest.StartDaemon(t, daemonBinary(), "TRUSTD_CERT_DIR="+certs, "TRUSTD_MAX_CONNECTIONS=1100",
 		"TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS=1100", "TRUSTD_KNOWN_WORKER_RESERVE=1", "TRUSTD_AUTH_TIMEOUT=60s", "TRUSTD_IDLE_TIMEOUT=60s",
 		"TRUSTD_REQUEST_IDLE_TIMEOUT=50s") // no GOAWAY to the idle connections while they are counted
