@@ -200,12 +200,32 @@ func TestUnauthenticatedEviction(t *testing.T) {
 	if got := fs.closed(closedEvicted); got < 1 {
 		t.Fatalf("evictions %v, want ≥ 1", got)
 	}
+	fs.front.lis.Sweep()
+	if got := testutil.ToFloat64(fs.metrics.frontDoorState.WithLabelValues(frontEvicting)); got != 1 {
+		t.Fatalf("evicting state %v after an eviction, want 1", got)
+	}
 	// Served, the worker's connection is idle, not authenticated: a token
 	// is no lease on a slot.
 	eventually(t, "worker idle", func() bool {
 		return testutil.ToFloat64(fs.metrics.connsOpen.WithLabelValues(stateIdle)) == 1 &&
 			testutil.ToFloat64(fs.metrics.connsOpen.WithLabelValues(stateAuthenticated)) == 0
 	})
+}
+
+// TestServedConnectionIsClosedSoon: after its request a worker's
+// connection gets a GOAWAY after RequestIdleTimeout, long before an
+// unauthenticated one's AuthTimeout.
+func TestServedConnectionIsClosedSoon(t *testing.T) {
+	fs := startFront(t, ConnLimits{RequestIdleTimeout: 300 * time.Millisecond, AuthTimeout: time.Minute, HandshakeTimeout: time.Minute})
+	worker := fs.client(t, "127.0.0.1")
+	if err := fs.certificate(t, worker, testToken); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	eventually(t, "served connection closed", func() bool { return fs.front.lis.open() == 0 })
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("served connection lived %v after its request, want about 300ms", d)
+	}
 }
 
 // TestSilentSocketNeverTakesASlot: with TCP_DEFER_ACCEPT a socket that
