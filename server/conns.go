@@ -119,8 +119,8 @@ func setDefault[T int | time.Duration](v *T, def T) {
 // trustd_connections_refused_total and trustd_connections_closed_total.
 const (
 	closedPerAddress   = "per_address"
-	closedNoData       = "no_data"             // handed over by the kernel without a byte sent
-	closedUnknownFull  = "unknown_budget_full" // an unknown address, while the unknown share is full of young connections
+	closedNoData       = "no_data" // handed over by the kernel without a byte sent
+	closedNoRoom       = "no_room" // every slot turned young or authenticated between the wait and the accept
 	closedEvicted      = "unauthenticated_evicted"
 	closedAuthTimeout  = "auth_timeout"
 	closedHandshake    = "handshake_timeout"
@@ -358,7 +358,7 @@ func (l *connListener) admit(c net.Conn) *trackedConn {
 	victim, refuse := l.table.victim(ap.Addr(), now)
 	if refuse {
 		l.mu.Unlock()
-		l.refuse(c, closedUnknownFull, "connections refused: unknown addresses hold their whole share of TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS (the rest is kept for known workers)", nil)
+		l.refuse(c, closedNoRoom, "connections refused: no slot could be freed for them (every connection is younger than TRUSTD_EVICTION_GRACE or carries a request); raise TRUSTD_MAX_CONNECTIONS if this lasts", nil)
 		return nil
 	}
 	reason := l.dropLocked(victim)

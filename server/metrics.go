@@ -105,13 +105,13 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 // streams and tokens.
 func (m *Metrics) addFrontDoor() {
 	m.connsOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "trustd_connections_open", Help: "Open connections on the SecurityService port, by state (unauthenticated: no request with a valid token yet).",
+		Name: "trustd_connections_open", Help: "Open connections on the SecurityService port, by state (authenticated: carrying a request that passed the token and CSR checks; idle: served, none in flight; unauthenticated: any other).",
 	}, []string{"state"})
 	m.connsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "trustd_connections_refused_total", Help: "Connections closed at once when accepted, by the limit that refused them (per_address).",
+		Name: "trustd_connections_refused_total", Help: "Connections closed at once when accepted, by the limit that refused them (per_address; no_data: silent after TRUSTD_DEFER_ACCEPT; no_room).",
 	}, []string{"limit"})
 	m.connsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "trustd_connections_closed_total", Help: "Open connections closed by a limit (unauthenticated_evicted, auth_timeout, handshake_timeout, first_message_timeout, signer_not_ready).",
+		Name: "trustd_connections_closed_total", Help: "Open connections closed by a limit (unauthenticated_evicted, auth_timeout, handshake_timeout, first_message_timeout, request_idle_timeout, signer_not_ready).",
 	}, []string{"limit"})
 	m.streamsReset = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "trustd_streams_reset_total", Help: "Request streams ended by the daemon before their message arrived, by reason (first_message_timeout).",
@@ -155,7 +155,7 @@ func (m *Metrics) addFrontDoorStates() {
 	initLabels(m.acceptErrors, acceptFDExhausted, acceptOther)
 	initLabels(m.tokenBadRequests, "0") // further indexes appear when first charged
 	initLabels(m.frontDoorChanges, frontStates()...)
-	initLabels(m.connsRefused, closedNoData, closedUnknownFull)
+	initLabels(m.connsRefused, closedNoData, closedNoRoom)
 	initLabels(m.connsClosed, closedRequestIdle)
 	m.connsOpen.WithLabelValues(stateIdle)
 	for _, st := range frontStates() {
