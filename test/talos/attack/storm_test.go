@@ -147,13 +147,13 @@ func (s *stormResult) inverted() float64 {
 
 // runFleetStorm lets c.workers workers arrive evenly within c.ramp, each
 // on its own stable address, retrying after c.wait until certified or
-// two minutes have passed.
+// twice the goal's time (at least two minutes) has passed.
 func runFleetStorm(f *fleet, c stormCase) *stormResult {
 	s := &stormResult{finished: make([]time.Duration, c.workers), errs: map[string]int{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), max(2*time.Minute, 2*c.within))
 	defer cancel()
 	for i := range c.workers {
 		wg.Add(1)
