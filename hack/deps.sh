@@ -13,6 +13,11 @@
 set -euo pipefail
 pkgs=(swtpm swtpm-tools softhsm2 tpm2-tools libssl-dev gcc bubblewrap systemd linux-libc-dev
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross libstdc++6-arm64-cross libgcc-s1-arm64-cross prometheus)
+# PKCS#11 conformance matrix (test/talos TestPKCS11Matrix): opencryptoki
+# (its soft token and pkcsslotd), tpm2-pkcs11 with tpm2_ptool, tpm2-abrmd
+# and its TCTI plus dbus-daemon (the resource manager tpm2-pkcs11 needs in
+# front of swtpm), gnutls-bin for p11tool, which reads the tokens.
+pkgs+=(opencryptoki libtpm2-pkcs11-1 libtpm2-pkcs11-tools tpm2-abrmd libtss2-tcti-tabrmd0 dbus-daemon gnutls-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto"
-	"crypto/ed25519"
-	"crypto/sha256"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -161,20 +159,30 @@ func without(certs []*x509.Certificate, drop ...*x509.Certificate) []*x509.Certi
 	return out
 }
 
-// clusterFiles builds the cluster-level outputs derived from the CA state:
-// os-ca.crt, token, accepted-cas.crt (or its removal), the Kubernetes
-// Secret (the daemon's cert dir without any CA key; server.crt/server.key
-// included when given) and the worker patch.
-func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certificate, token string, server map[string][]byte) ([]File, error) {
+// clusterFiles builds the cluster-level outputs derived from the CA state
+// (token is the token file's content, one token per line):
+// the root's trust statement (or its removal when nil), os-ca.crt, token,
+// accepted-cas.crt (or its removal), the Kubernetes Secret (the daemon's
+// cert dir without any CA key; server.crt/server.key included when given)
+// and the worker patch. The statement goes first: a run killed before
+// os-ca.crt is rewritten leaves a statement by a root the directory
+// still names (os-ca.next.crt during a rotation's finish).
+func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certificate, token string, server map[string][]byte, statement []byte) ([]File, error) {
 	if cluster == "" {
 		cluster = "talos"
 	}
 	caPEM := pki.EncodeCertificates(ca)
-	content := map[string][]byte{certdir.FileCACert: caPEM, certdir.FileToken: []byte(token)}
-	files := []File{
-		{Name: certdir.FileCACert, Data: caPEM, Mode: 0o644},
-		{Name: certdir.FileToken, Data: []byte(token), Mode: 0o600},
+	tokenFile := certdir.TokenFile(token)
+	content := map[string][]byte{certdir.FileCACert: caPEM, certdir.FileToken: tokenFile}
+	files := []File{{Name: certdir.FileTrustStatement, Remove: true}}
+	if statement != nil {
+		content[certdir.FileTrustStatement] = statement
+		files[0] = File{Name: certdir.FileTrustStatement, Data: statement, Mode: 0o644}
 	}
+	files = append(files,
+		File{Name: certdir.FileCACert, Data: caPEM, Mode: 0o644},
+		File{Name: certdir.FileToken, Data: tokenFile, Mode: 0o600},
+	)
 	if len(accepted) > 0 {
 		acc := pki.EncodeCertificates(accepted...)
 		content[certdir.FileAcceptedCAs] = acc
@@ -189,7 +197,9 @@ func clusterFiles(cluster string, ca *x509.Certificate, accepted []*x509.Certifi
 	if err != nil {
 		return nil, err
 	}
-	patch, err := WorkerPatch(token, ca, accepted)
+	// One token, never several: a machine.token of two lines is valid
+	// config that Talos's client never sends.
+	patch, err := WorkerPatch(certdir.NewestToken(token), ca, accepted)
 	if err != nil {
 		return nil, err
 	}
@@ -226,16 +236,7 @@ func VerifyDeviceSignature(s crypto.Signer, pub crypto.PublicKey, r io.Reader) e
 		return fmt.Errorf("challenge: %w", err)
 	}
 	msg = append([]byte("steward-trustd key ceremony check "), msg...)
-	var (
-		sig []byte
-		err error
-	)
-	if _, ok := pub.(ed25519.PublicKey); ok {
-		sig, err = s.Sign(r, msg, crypto.Hash(0))
-	} else {
-		sum := sha256.Sum256(msg)
-		sig, err = s.Sign(r, sum[:], crypto.SHA256)
-	}
+	sig, err := pki.SignMessage(s, r, msg)
 	if err != nil {
 		return fmt.Errorf("sign a test message on the device: %w", err)
 	}

@@ -111,9 +111,10 @@ func TestInit(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkCAProfile(t, ca)
-	token := string(readFile(t, d.Path(certdir.FileToken)))
-	if len(token) != 64 {
-		t.Errorf("token %d chars", len(token))
+	file := string(readFile(t, d.Path(certdir.FileToken)))
+	token, ok := strings.CutSuffix(file, "\n")
+	if !ok || len(token) != 64 {
+		t.Errorf("token file %q: want 64 hex characters and a newline (so that >> appends a line)", file)
 	}
 	checkModes(t, d, map[string]fs.FileMode{
 		certdir.FileCACert: 0o644, certdir.FileToken: 0o600, certdir.FileWorkerPatch: 0o600, certdir.FileKubernetesSecret: 0o600,
@@ -470,7 +471,7 @@ func TestServerCert(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts.SignerURI, opts.Force = file.URI(other), true
-	if _, _, err := c.ServerCert(context.Background(), d, opts); err == nil || !strings.Contains(err.Error(), "is not the key of CA") {
+	if _, _, err := c.ServerCert(context.Background(), d, opts); err == nil || !strings.Contains(err.Error(), "is not the key of CA") || !strings.Contains(err.Error(), "after rotate --finish") {
 		t.Errorf("mismatched key: %v", err)
 	}
 }
@@ -487,7 +488,7 @@ func TestRotation(t *testing.T) {
 	}
 	oldClient := issueClient(t, c, oldURI, d.Path(certdir.FileCACert), nil, []string{"os:admin"}, filepath.Join(root, "old.talosconfig"))
 
-	startRotation(t, c, d, newURI)
+	startRotation(t, c, d, oldURI, newURI)
 	next := checkRotationFiles(t, d)
 	trust, _ := trustBundle(d)
 	newClient := issueClient(t, c, newURI, d.Path(certdir.FileNextCACert), append(trust, next), []string{"os:admin"}, filepath.Join(root, "new.talosconfig"))
@@ -513,19 +514,23 @@ func TestRotation(t *testing.T) {
 	}
 }
 
-// startRotation starts a rotation to newURI in d, checking that finish
-// is refused before the start and that a re-run of the start resumes
-// rather than creating another key.
-func startRotation(t *testing.T, c *keystore.Ceremony, d keystore.Dir, newURI string) {
+// startRotation starts a rotation from oldURI to newURI in d, checking
+// that finish is refused before the start, that the start needs the
+// current root's key, and that a re-run of the start resumes rather than
+// creating another key.
+func startRotation(t *testing.T, c *keystore.Ceremony, d keystore.Dir, oldURI, newURI string) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := c.RotateFinish(ctx, d, keystore.RotateFinishOptions{NewSignerURI: newURI}); !errors.Is(err, keystore.ErrNoRotation) {
 		t.Fatalf("finish before start: %v", err)
 	}
-	if _, err := c.Rotate(ctx, d, keystore.RotateOptions{NewSignerURI: newURI}); err != nil {
+	if _, err := c.Rotate(ctx, d, keystore.RotateOptions{NewSignerURI: newURI}); err == nil {
+		t.Fatal("rotation started without the current root's key")
+	}
+	if _, err := c.Rotate(ctx, d, keystore.RotateOptions{SignerURI: oldURI, NewSignerURI: newURI}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := c.Rotate(ctx, d, keystore.RotateOptions{NewSignerURI: newURI})
+	res, err := c.Rotate(ctx, d, keystore.RotateOptions{SignerURI: oldURI, NewSignerURI: newURI})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v4"
@@ -40,7 +41,11 @@ type pemCrt struct {
 // patch for `talosctl gen config --config-patch-worker` or
 // `talosctl patch mc`): machine.token, machine.ca.crt = ca and
 // machine.acceptedCAs = accepted. It holds the token: write it 0600.
+// token must be one token (certdir.NewestToken of a token file).
 func WorkerPatch(token string, ca *x509.Certificate, accepted []*x509.Certificate) ([]byte, error) {
+	if strings.ContainsAny(token, "\r\n") || token == "" {
+		return nil, errors.New("worker patch: machine.token must be exactly one token")
+	}
 	p := workerPatch{Machine: workerMachine{Token: token, CA: pemCrt{Crt: base64.StdEncoding.EncodeToString(pki.EncodeCertificates(ca))}}}
 	for _, c := range accepted {
 		p.Machine.AcceptedCAs = append(p.Machine.AcceptedCAs, pemCrt{Crt: base64.StdEncoding.EncodeToString(pki.EncodeCertificates(c))})
@@ -111,7 +116,7 @@ func GenerateCredentials(o CredentialsOptions) ([]File, error) {
 		certdir.FileCAKey:      caKeyPEM,
 		certdir.FileServerCert: pki.EncodeCertificates(srvCert),
 		certdir.FileServerKey:  srvKeyPEM,
-		certdir.FileToken:      []byte(token),
+		certdir.FileToken:      certdir.TokenFile(token),
 	}
 	secret, err := certdir.KubernetesSecret(o.Cluster, content)
 	if err != nil {

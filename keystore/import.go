@@ -79,6 +79,9 @@ func ParseTalosSecrets(data []byte) (*ImportSource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("talos secrets: %w", err)
 	}
+	if isThrowaway(src.Cert) {
+		return nil, errors.New("talos secrets: certs.os is the throwaway pair an earlier import wrote for worker configs, not an OS CA: import from the original secrets.yaml, or use the device key already imported")
+	}
 	src.Token = strings.TrimSpace(s.TrustdInfo.Token)
 	return src, nil
 }
@@ -194,7 +197,7 @@ func (c *Ceremony) importedEarlier(ctx context.Context, st *state, uri, fp strin
 		s.Close()
 		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}
 	}
-	return s, []string{"the key was already on the device (" + desc.Location + ")"}, nil
+	return s, []string{"the key was already in place from an earlier run (" + desc.Location + ")"}, nil
 }
 
 // importResults is what the device produced for Import.
@@ -223,12 +226,12 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	if cluster == "" {
 		cluster = src.Cert.Subject.CommonName
 	}
-	files, err := clusterFiles(cluster, src.Cert, nil, token, nil)
+	files, err := clusterFiles(cluster, src.Cert, nil, token, nil, nil)
 	if err != nil {
 		return nil, err
 	}
 	if resuming && !o.Force && st.matches(files) && st.receipt("import", r.key.Fingerprint, pki.CertFingerprint(src.Cert)) != nil {
-		p.alreadyDone, p.notes = true, []string{destroySourceNote}
+		p.alreadyDone, p.notes = true, []string{destroySourceNote(r.key)}
 		return p, nil
 	}
 	p.files = files
@@ -237,8 +240,17 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	if r.key.Extractable {
 		p.notes = append(p.notes, "WARNING: the backend reports the key as extractable ("+r.key.Backend+"); it is not protected by a device")
 	}
-	p.notes = append(p.notes, destroySourceNote)
+	p.notes = append(p.notes, destroySourceNote(r.key))
 	return p, nil
 }
 
-const destroySourceNote = "the key is on the device and signs correctly: now destroy every copy of the source key, including backups (a key file: shred -u; a secrets.yaml: delete certs.os.key and keep the rest for talosctl gen config --with-secrets)"
+// destroySourceNote says where the key now is (a file key is no device)
+// and that every copy of the source must go.
+func destroySourceNote(key signer.Description) string {
+	where := "is on the device (" + key.Location + ")"
+	if key.Backend == file.Scheme {
+		where = "is in the key file " + key.Location + " (extractable: no device holds it)"
+	}
+	return "the key " + where + " and signs correctly: now destroy every copy of the source key, including backups " +
+		"(a key file: shred -u; a secrets.yaml: the import writes its worker secrets file without the OS CA key, then destroy the original)"
+}

@@ -148,8 +148,13 @@ func checkImportRefused(t *testing.T, err, wantErr error, wantMsg, root string) 
 // token is set, that token.
 func checkImported(t *testing.T, c *keystore.Ceremony, d keystore.Dir, uri string, src *keystore.ImportSource, res *keystore.Outcome, token string) {
 	t.Helper()
-	if !strings.Contains(strings.Join(res.Notes, "\n"), "destroy") {
+	notes := strings.Join(res.Notes, "\n")
+	if !strings.Contains(notes, "destroy") {
 		t.Error("no instruction to destroy the source")
+	}
+	// A file key is no device: the note must not claim one.
+	if strings.HasPrefix(uri, "file:") && (strings.Contains(notes, "on the device") || !strings.Contains(notes, "key file")) {
+		t.Errorf("file-key import notes claim a device: %s", notes)
 	}
 	s, err := c.OpenCA(context.Background(), uri, src.Cert)
 	if err != nil {
@@ -160,7 +165,7 @@ func checkImported(t *testing.T, c *keystore.Ceremony, d keystore.Dir, uri strin
 		t.Error("os-ca.crt is not the imported CA")
 	}
 	tok, _ := os.ReadFile(d.Path(certdir.FileToken))
-	if token != "" && string(tok) != token {
+	if token != "" && string(tok) != token+"\n" {
 		t.Errorf("token %q, want the cluster's %q", tok, token)
 	}
 }

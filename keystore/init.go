@@ -147,7 +147,7 @@ func planInit(st *state, o InitOptions, r initResults) (*plan, error) {
 		token = st.token
 		p.resumed = append(p.resumed, st.dir.Path(certdir.FileToken)+" kept")
 	}
-	files, err := clusterFiles(o.Cluster, r.ca, nil, token, nil)
+	files, err := clusterFiles(o.Cluster, r.ca, nil, token, nil, nil)
 	if err != nil {
 		return nil, err
 	}

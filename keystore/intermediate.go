@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -162,6 +163,10 @@ type IntermediateSignOptions struct {
 	Out Target
 	// Force allows replacing Out.
 	Force bool
+	// Rotation says the request is a rotation's (rotate --intermediate
+	// wrote it as issuer.next.csr); an Out named issuer.next.crt says so
+	// too. It changes only what the operator is told to do next.
+	Rotation bool
 }
 
 // IntermediateSign certifies a node's intermediate key with the root:
@@ -179,8 +184,21 @@ func (c *Ceremony) IntermediateSign(ctx context.Context, receipts Dir, o Interme
 	if err != nil {
 		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
 	}
-	out.Notes = []string{"put " + o.Out.Dir.Path(o.Out.Name) + " into the node's cert dir as issuer.crt (or $TRUSTD_ISSUER_CRT); the daemon reloads it"}
+	out.Notes = []string{intermediateSignNext(o)}
 	return cert, out, nil
+}
+
+// intermediateSignNext tells where the signed intermediate goes: a first
+// enrolment's becomes issuer.crt (hot-reloaded); a rotation's must not,
+// since the daemon still signs with the old key and would refuse it.
+func intermediateSignNext(o IntermediateSignOptions) string {
+	out := o.Out.Dir.Path(o.Out.Name)
+	if o.Rotation || o.Out.Name == certdir.FileNextIssuerChain {
+		return "a rotation's intermediate: put " + out + " into the node's cert dir as " + certdir.FileNextIssuerChain +
+			" (not " + certdir.FileIssuerChain + ": the daemon still signs with the old key and would refuse it), then on the node run: " +
+			"steward-trustd-ceremony rotate --intermediate --finish --new-signer NEW_URI --out CERTDIR, and restart the daemon on the new key"
+	}
+	return "put " + out + " into the node's cert dir as " + certdir.FileIssuerChain + " (or $TRUSTD_ISSUER_CRT); the daemon reloads it"
 }
 
 // signIntermediate has the root certify o.CSR's key and checks the

@@ -277,3 +277,34 @@ func TestIntermediateInstallChecksProfile(t *testing.T) {
 		t.Errorf("issuer.crt written: %v", err)
 	}
 }
+
+// TestIntermediateSignTellsTheNextStep: a first enrolment's intermediate
+// goes in as issuer.crt; a rotation's (its request was issuer.next.csr,
+// or it is written as issuer.next.crt) as issuer.next.crt, followed by
+// rotate --intermediate --finish — never as issuer.crt, which the daemon
+// on the old key would refuse.
+func TestIntermediateSignTellsTheNextStep(t *testing.T) {
+	c := newCeremony(t)
+	rootURI, rd, node, _ := requestedNode(t, c)
+	tests := []struct {
+		name     string
+		out      string
+		rotation bool
+		want     string
+	}{
+		{"enrolment", certdir.FileIssuerChain, false, "as issuer.crt (or $TRUSTD_ISSUER_CRT)"},
+		{"rotation by output name", certdir.FileNextIssuerChain, false, "rotate --intermediate --finish"},
+		{"rotation by request name", "node-a.crt", true, "as issuer.next.crt (not issuer.crt"},
+	}
+	for _, tt := range tests {
+		sign := keystore.IntermediateSignOptions{SignerURI: rootURI, CA: mustCA(t, rd, certdir.FileCACert), CSR: readFile(t, filepath.Join(node.Root, "node.csr")),
+			Out: keystore.Target{Dir: keystore.OSDir{Root: t.TempDir()}, Name: tt.out}, Rotation: tt.rotation}
+		_, res, err := c.IntermediateSign(context.Background(), rd, sign)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if notes := strings.Join(res.Notes, "\n"); !strings.Contains(notes, tt.want) {
+			t.Errorf("%s: notes %q, want %q", tt.name, notes, tt.want)
+		}
+	}
+}

@@ -39,7 +39,8 @@ func (c *Ceremony) OpenCA(ctx context.Context, uri string, ca *x509.Certificate)
 	if !pki.KeyMatchesCert(s.Public(), ca) {
 		fp, _ := signer.Fingerprint(ca.PublicKey)
 		s.Close()
-		return nil, fmt.Errorf("%w: the key at the signer URI (fingerprint %s) is not the key of CA %q (fingerprint %s)", ErrKeyMismatch, s.Describe().Fingerprint, ca.Subject, fp)
+		return nil, fmt.Errorf("%w: the key at the signer URI (fingerprint %s) is not the key of CA %q (fingerprint %s); after rotate --finish, %s is the new CA: give --signer the new key's URI (during a rotation the new CA is %s)",
+			ErrKeyMismatch, s.Describe().Fingerprint, ca.Subject, fp, certdir.FileCACert, certdir.FileNextCACert)
 	}
 	return s, nil
 }
@@ -342,8 +343,10 @@ func planSecret(st *state, ca *x509.Certificate, extra map[string][]byte) (*File
 		return nil, nil
 	}
 	content := map[string][]byte{certdir.FileCACert: st.files[certdir.FileCACert], certdir.FileToken: st.files[certdir.FileToken]}
-	if acc, ok := st.files[certdir.FileAcceptedCAs]; ok {
-		content[certdir.FileAcceptedCAs] = acc
+	for _, n := range []string{certdir.FileAcceptedCAs, certdir.FileTrustStatement} {
+		if b, ok := st.files[n]; ok {
+			content[n] = b
+		}
 	}
 	for n, b := range extra {
 		content[n] = b

@@ -59,7 +59,7 @@ func TestPlanInit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done, err := clusterFiles("plan", ca, nil, "oldtoken", nil)
+	done, err := clusterFiles("plan", ca, nil, "oldtoken", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,9 +77,10 @@ func TestPlanInit(t *testing.T) {
 		{"fresh directory", emptyState(), nil, false, nil, false, "newtoken"},
 		{"complete earlier run", withFiles(t, done, initReceipt), resumedKey, false, nil, true, ""},
 		{"files written, receipt missing", withFiles(t, done), resumedKey, false, nil, false, "oldtoken"},
-		{"only os-ca.crt written keeps no token", withFiles(t, done[:1]), resumedKey, false, nil, false, "newtoken"},
-		{"another init's files", withFiles(t, done[1:2]), nil, false, ErrExists, false, ""},
-		{"another init's files, --force", withFiles(t, done[1:2]), nil, true, nil, false, "newtoken"},
+		// done[0] removes a trust statement, done[1] is os-ca.crt, done[2] the token.
+		{"only os-ca.crt written keeps no token", withFiles(t, done[:2]), resumedKey, false, nil, false, "newtoken"},
+		{"another init's files", withFiles(t, done[2:3]), nil, false, ErrExists, false, ""},
+		{"another init's files, --force", withFiles(t, done[2:3]), nil, true, nil, false, "newtoken"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -96,7 +97,7 @@ func TestPlanInit(t *testing.T) {
 			if tt.wantDone {
 				return
 			}
-			if got := string(fileData(p.files, certdir.FileToken)); got != tt.wantToken {
+			if got := string(fileData(p.files, certdir.FileToken)); got != tt.wantToken+"\n" {
 				t.Errorf("token %q, want %q", got, tt.wantToken)
 			}
 			if p.receipt.Operation != "init" || p.receipt.CertificateFingerprint != pki.CertFingerprint(ca) || p.receipt.KeyFingerprint != key.Fingerprint {
@@ -132,12 +133,12 @@ func TestFinishing(t *testing.T) {
 		wantSwitched bool
 		wantDone     bool
 		wantRetired  string
-		wantFiles    int // 0: not checked; else only removals are left
+		wantFiles    int // 0: not checked; else only removals are left (statement, accepted-cas.crt, os-ca.next.crt)
 	}{
 		{"no rotation", withFiles(t, []File{caFile(oldPEM), tok}), ErrNoRotation, false, false, "", 0},
 		{"rotation in progress", withFiles(t, []File{caFile(oldPEM), nextFile, tok}, rotated), nil, false, false, pki.CertFingerprint(old), 0},
 		{"killed after os-ca.crt was switched", withFiles(t, []File{caFile(nextPEM), nextFile, tok}, rotated), nil, true, false, pki.CertFingerprint(old), 0},
-		{"killed after the receipt", withFiles(t, []File{caFile(nextPEM), nextFile, tok}, rotated, finished), nil, true, false, pki.CertFingerprint(old), 2},
+		{"killed after the receipt", withFiles(t, []File{caFile(nextPEM), nextFile, tok}, rotated, finished), nil, true, false, pki.CertFingerprint(old), 3},
 		{"finished", withFiles(t, []File{caFile(nextPEM), tok}, rotated, finished), nil, true, true, "", 0},
 	}
 	for _, tt := range tests {
@@ -152,7 +153,7 @@ func TestFinishing(t *testing.T) {
 			if f.switched != tt.wantSwitched || f.done != tt.wantDone || f.retired != tt.wantRetired {
 				t.Fatalf("finish %+v", f)
 			}
-			p, err := planFinish(tt.st, f, *key, nil)
+			p, err := planFinish(tt.st, f, *key, nil, vouched{})
 			if err != nil {
 				t.Fatal(err)
 			}

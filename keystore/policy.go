@@ -2,7 +2,9 @@ package keystore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/steward-trustd/steward-trustd/signer"
@@ -16,6 +18,11 @@ const opPolicyApprove = "policy.approve"
 type ApproveOptions struct {
 	// AuthorityURI is the policy authority's key (file: or pkcs11:).
 	AuthorityURI string
+	// Binding is the binding of the key the approval is for
+	// (tpm.KeyBinding of its blob, tpm.CreationBinding of a key about to
+	// be made): the approval signs its policyRef, and a selection it does
+	// not accept is refused. Required.
+	Binding tpm.Binding
 	// PCRs and Values are the approved sha256 PCR state, in PCR order.
 	PCRs   []int
 	Values [][]byte
@@ -34,22 +41,23 @@ type ApproveOptions struct {
 
 // Approve signs an approval of a PCR state with the policy authority and
 // writes it, with a receipt in receipts. The authority's signature covers
-// SHA-256(PolicyPCR digest || tpm.PolicyRef): it lets a TPM key created
-// under this authority sign in that PCR state, and nothing else.
+// SHA-256(PolicyPCR digest || the key's policyRef): it lets a TPM key
+// created under this authority with that binding sign in that PCR state,
+// and nothing else.
 func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) (*Outcome, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
 	auth, err := c.Keys.Open(ctx, o.AuthorityURI)
 	if err != nil {
-		return nil, fmt.Errorf("policy approve: open the policy authority: %w", err)
+		return nil, fmt.Errorf("policy approve: open the policy authority: %w%s", err, AuthorityHint(err))
 	}
 	defer auth.Close()
 	approvedBy := o.ApprovedBy
 	if approvedBy == "" {
 		approvedBy = auth.Describe().Fingerprint
 	}
-	a, err := tpm.SignApproval(auth, o.PCRs, o.Values, tpm.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
+	a, err := tpm.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpm.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
 	if err != nil {
 		return nil, fmt.Errorf("policy approve: %w", err)
 	}
@@ -58,13 +66,24 @@ func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) 
 		return nil, err
 	}
 	out := Placed{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}
-	r, err := c.commitApproval(receipts, auth.Describe(), approvalDetails(a, o.Source), out)
+	details := approvalDetails(a, o.Source)
+	details["binding"] = o.Binding.String()
+	r, err := c.commitApproval(receipts, auth.Describe(), details, out)
 	if err != nil {
 		return nil, fmt.Errorf("policy approve: %w", err)
 	}
 	return &Outcome{Receipt: r, Written: r.Files, Notes: []string{
-		"approval of PolicyPCR digest " + a.Pol + " by authority " + a.PKFP + "; copy it into the approvals directory of every node in this PCR state (a ConfigMap is fine: it is not secret)",
+		"approval of sha256:" + pcrString(a.PCRs) + " (PolicyPCR digest " + a.Pol + ", policyRef " + strconv.Quote(a.Ref) + ") by authority " + a.PKFP + "; copy it into the approvals directory of every node in this PCR state (a ConfigMap is fine: it is not secret)",
 	}}, nil
+}
+
+// AuthorityHint is what to add to an error opening a policy authority
+// key: how to create one, when it does not exist.
+func AuthorityHint(err error) string {
+	if !errors.Is(err, signer.ErrKeyNotFound) {
+		return ""
+	}
+	return "; to create a policy authority key (offline, or on an HSM): steward-trustd-ceremony policy authority create --key file:/offline/authority.key [--algorithm rsa3072 to share it with systemd-measure] --public-out authority.pub"
 }
 
 // commitApproval writes the approval file, then its receipt, as one unit

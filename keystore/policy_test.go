@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/steward-trustd/steward-trustd/keystore"
@@ -29,8 +30,9 @@ func TestApprove(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	b := pcr7Binding(t)
 	o := keystore.ApproveOptions{
-		AuthorityURI: authURI, PCRs: []int{7}, Values: [][]byte{bytes.Repeat([]byte{7}, 32)},
+		AuthorityURI: authURI, Binding: b, PCRs: []int{7}, Values: [][]byte{bytes.Repeat([]byte{7}, 32)},
 		Source: "pcr", Note: "BIOS 1.2.3", Out: keystore.Target{Dir: approvals, Name: "bios.json"},
 	}
 	out, err := c.Approve(context.Background(), receipts, o)
@@ -42,11 +44,11 @@ func TestApprove(t *testing.T) {
 		t.Fatalf("approval file: %v", err)
 	}
 	a := f.SHA256[0]
-	if a.Note != "BIOS 1.2.3" || a.Ref != tpm.PolicyRef || a.ApprovedBy != out.Receipt.KeyFingerprint || a.PKFP != out.Receipt.KeyFingerprint {
+	if a.Note != "BIOS 1.2.3" || a.Ref != b.Ref() || a.ApprovedBy != out.Receipt.KeyFingerprint || a.PKFP != out.Receipt.KeyFingerprint {
 		t.Errorf("approval %+v", a)
 	}
 	rs, err := keystore.ReadReceipts(receipts)
-	if err != nil || len(rs) != 1 || rs[0].Operation != "policy.approve" || rs[0].Details["pol"] != a.Pol || rs[0].Details["source"] != "pcr" {
+	if err != nil || len(rs) != 1 || rs[0].Operation != "policy.approve" || rs[0].Details["pol"] != a.Pol || rs[0].Details["source"] != "pcr" || rs[0].Details["binding"] != b.String() {
 		t.Fatalf("receipts %+v, %v", rs, err)
 	}
 	if _, err := c.Approve(context.Background(), receipts, o); err == nil {
@@ -56,8 +58,28 @@ func TestApprove(t *testing.T) {
 	if _, err := c.Approve(context.Background(), receipts, o); err != nil {
 		t.Fatalf("with Force: %v", err)
 	}
+	checkApproveRefusesOtherSelection(t, c, receipts, o)
 	o.AuthorityURI = "file:" + filepath.Join(dir, "missing.key")
 	if _, err := c.Approve(context.Background(), receipts, o); !errors.Is(err, signer.ErrKeyNotFound) {
 		t.Fatalf("missing authority: %v", err)
 	}
+}
+
+// checkApproveRefusesOtherSelection: the key's binding fixes the PCR
+// selection; an approval over another one is refused before signing.
+func checkApproveRefusesOtherSelection(t *testing.T, c *keystore.Ceremony, receipts keystore.Dir, o keystore.ApproveOptions) {
+	t.Helper()
+	o.PCRs, o.Values, o.Out.Name = []int{7, 11}, [][]byte{bytes.Repeat([]byte{7}, 32), bytes.Repeat([]byte{11}, 32)}, "wide.json"
+	if _, err := c.Approve(context.Background(), receipts, o); err == nil || !strings.Contains(err.Error(), "not the key's") {
+		t.Fatalf("an approval over another selection than the key's: %v", err)
+	}
+}
+
+func pcr7Binding(t *testing.T) tpm.Binding {
+	t.Helper()
+	b, err := tpm.BindingForPCRs([]int{7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
@@ -14,6 +15,10 @@ import (
 
 // RotateOptions configures Rotate.
 type RotateOptions struct {
+	// SignerURI is the current CA's (the root's) key: it signs the trust
+	// statement that vouches for the new CA, without which the daemon
+	// does not serve it.
+	SignerURI string
 	// NewSignerURI is where the new CA key is created.
 	NewSignerURI string
 	// Algorithm of the new key; empty means signer.ECDSAP256.
@@ -46,22 +51,60 @@ func (c *Ceremony) Rotate(ctx context.Context, d Dir, o RotateOptions) (*Outcome
 	if err != nil {
 		return nil, fmt.Errorf("rotate: %w", err)
 	}
-	key, resumed, err := c.rotateKey(ctx, st, o, cur)
+	// The current root first: without it nothing is created.
+	if err := c.vouchAs(ctx, st, o.SignerURI, cur, nil); err != nil {
+		return nil, fmt.Errorf("rotate: %w", err)
+	}
+	key, next, resumed, err := c.rotateNew(ctx, st, o, cur)
 	if err != nil {
 		return nil, fmt.Errorf("rotate: %w", err)
+	}
+	var statement vouched
+	accepted := certdir.Unique(append(without(st.accepted, cur), next)...)
+	if err := c.vouchAs(ctx, st, o.SignerURI, cur, func(root signer.Signer) (err error) {
+		statement, err = c.vouch(st, root, cur, accepted)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("rotate: %w", err)
+	}
+	p, err := planRotate(st, key, resumed, next, statement)
+	if err != nil {
+		return nil, fmt.Errorf("rotate: %w", err)
+	}
+	return c.commit(st, p)
+}
+
+// vouchAs opens the current root's key at uri and runs use with it (nil:
+// only checks that it opens), closing it before it returns. Its own
+// session: on a TPM without a resource manager, creating the new key
+// flushes what other connections left loaded.
+func (c *Ceremony) vouchAs(ctx context.Context, st *state, uri string, cur *x509.Certificate, use func(signer.Signer) error) error {
+	root, err := c.OpenCA(ctx, uri, cur)
+	if err != nil {
+		return fmt.Errorf("the current CA's key (--signer) vouches for the new CA: %w", err)
+	}
+	defer root.Close()
+	if use == nil {
+		return nil
+	}
+	return use(root)
+}
+
+// rotateNew creates or resumes the new key and its CA (os-ca.next.crt
+// if an earlier run issued it), and closes the key.
+func (c *Ceremony) rotateNew(ctx context.Context, st *state, o RotateOptions, cur *x509.Certificate) (signer.Description, *x509.Certificate, []string, error) {
+	key, resumed, err := c.rotateKey(ctx, st, o, cur)
+	if err != nil {
+		return signer.Description{}, nil, nil, err
 	}
 	defer key.Close()
 	next := st.next
 	if next == nil {
 		if next, err = c.rotateCA(key, cur, o); err != nil {
-			return nil, fmt.Errorf("rotate: %w", err)
+			return signer.Description{}, nil, nil, err
 		}
 	}
-	p, err := planRotate(st, key.Describe(), resumed, next)
-	if err != nil {
-		return nil, fmt.Errorf("rotate: %w", err)
-	}
-	return c.commit(st, p)
+	return key.Describe(), next, resumed, nil
 }
 
 // rotateKey creates or resumes the new key. With os-ca.next.crt present
@@ -103,7 +146,7 @@ func (c *Ceremony) rotateCA(key signer.Signer, cur *x509.Certificate, o RotateOp
 // planRotate decides the files of a rotation start: os-ca.next.crt first
 // (a re-run recognises the rotation by it), then the cluster files with
 // the new CA accepted.
-func planRotate(st *state, key signer.Description, resumed []string, next *x509.Certificate) (*plan, error) {
+func planRotate(st *state, key signer.Description, resumed []string, next *x509.Certificate, statement vouched) (*plan, error) {
 	cur, token, err := st.currentCA()
 	if err != nil {
 		return nil, err
@@ -113,7 +156,7 @@ func planRotate(st *state, key signer.Description, resumed []string, next *x509.
 		p.resumed = append(p.resumed, st.dir.Path(certdir.FileNextCACert)+" was already issued")
 	}
 	accepted := certdir.Unique(append(without(st.accepted, cur), next)...)
-	files, err := clusterFiles(secretCluster(cur), cur, accepted, token, st.serverFiles())
+	files, err := clusterFiles(secretCluster(cur), cur, accepted, token, st.serverFiles(), statement.data)
 	if err != nil {
 		return nil, err
 	}
@@ -125,10 +168,10 @@ func planRotate(st *state, key signer.Description, resumed []string, next *x509.
 	p.files = files
 	p.receipt = newReceipt("rotate", "", time.Time{}, key)
 	certReceipt(&p.receipt, next)
-	p.receipt.Details = map[string]string{"currentCAFingerprint": pki.CertFingerprint(cur)}
+	p.receipt.Details = map[string]string{"currentCAFingerprint": pki.CertFingerprint(cur), "statementSequence": strconv.FormatUint(statement.seq, 10)}
 	d := st.dir
 	p.notes = []string{
-		"1. deploy the updated " + d.Path(certdir.FileKubernetesSecret) + " (or copy " + certdir.FileAcceptedCAs + " into the daemon's cert dir) and restart steward-trustd: it still signs with the old key",
+		"1. deploy the updated " + d.Path(certdir.FileKubernetesSecret) + " (or copy " + certdir.FileAcceptedCAs + " and " + certdir.FileTrustStatement + ", the old root's statement vouching for the new CA, into the daemon's cert dir): it reloads them and still signs with the old key",
 		"2. apply " + d.Path(certdir.FileWorkerPatch) + " to every worker (adds machine.acceptedCAs); workers pick up the new client-CA bundle at their next certificate renewal (12 h, or on reboot)",
 		"3. issue new talosconfigs with --signer <new key URI> --ca " + d.Path(certdir.FileNextCACert) + "; they trust both CAs",
 		"4. when every worker and user has moved, run `rotate --finish`",
@@ -173,7 +216,11 @@ func (c *Ceremony) RotateFinish(ctx context.Context, d Dir, o RotateFinishOption
 	if err != nil {
 		return nil, fmt.Errorf("rotate --finish: %w", err)
 	}
-	p, err := planFinish(st, f, key.Describe(), server)
+	statement, err := c.finishStatement(st, f, key)
+	if err != nil {
+		return nil, fmt.Errorf("rotate --finish: %w", err)
+	}
+	p, err := planFinish(st, f, key.Describe(), server, statement)
 	if err != nil {
 		return nil, fmt.Errorf("rotate --finish: %w", err)
 	}
@@ -245,7 +292,7 @@ func (c *Ceremony) finishServer(st *state, f *finish, key signer.Signer, validit
 // planFinish decides the files of a finish: the serving certificate, the
 // cluster files of the new CA, the receipt, then the removal of
 // os-ca.next.crt.
-func planFinish(st *state, f *finish, key signer.Description, server map[string][]byte) (*plan, error) {
+func planFinish(st *state, f *finish, key signer.Description, server map[string][]byte, statement vouched) (*plan, error) {
 	p := &plan{op: "rotate --finish"}
 	if f.done {
 		p.alreadyDone = true
@@ -262,7 +309,7 @@ func planFinish(st *state, f *finish, key signer.Description, server map[string]
 			{Name: certdir.FileServerCert, Data: server[certdir.FileServerCert], Mode: 0o600},
 		}
 	}
-	cluster, err := clusterFiles(secretCluster(f.next), f.next, without(st.accepted, st.ca, f.next), token, server)
+	cluster, err := clusterFiles(secretCluster(f.next), f.next, finishAccepted(st, f), token, server, statement.data)
 	if err != nil {
 		return nil, err
 	}
@@ -285,6 +332,22 @@ func planFinish(st *state, f *finish, key signer.Description, server map[string]
 		"talosconfigs signed by the old CA stop working once workers renew their certificates; the old key can then be destroyed on the device",
 	}
 	return p, nil
+}
+
+// finishAccepted is accepted-cas.crt after a finish: without either root.
+func finishAccepted(st *state, f *finish) []*x509.Certificate {
+	return without(st.accepted, st.ca, f.next)
+}
+
+// finishStatement is the new root's statement for the CAs still accepted
+// after the finish, numbered after the old root's, so that the daemon
+// (which only takes the new root because the old one vouched for it)
+// keeps refusing every older statement.
+func (c *Ceremony) finishStatement(st *state, f *finish, key signer.Signer) (vouched, error) {
+	if f.done {
+		return vouched{}, nil
+	}
+	return c.vouch(st, key, f.next, finishAccepted(st, f))
 }
 
 // removals returns the removals of files.

@@ -15,7 +15,7 @@ import (
 // clusterFileNames are the files of a ceremony directory an operation
 // reads into its state (and may rewrite).
 var clusterFileNames = []string{
-	certdir.FileCACert, certdir.FileNextCACert, certdir.FileAcceptedCAs, certdir.FileToken,
+	certdir.FileCACert, certdir.FileNextCACert, certdir.FileAcceptedCAs, certdir.FileTrustStatement, certdir.FileToken,
 	certdir.FileServerCert, certdir.FileServerKey, certdir.FileWorkerPatch, certdir.FileKubernetesSecret,
 }
 

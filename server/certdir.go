@@ -5,15 +5,19 @@ import (
 	"crypto"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 )
 
 // CertDir reads the daemon's credentials from a directory (a mounted
@@ -34,6 +38,10 @@ type CertDir struct {
 	SignerPublic crypto.PublicKey
 	// Clock checks the issuer chain's validity; nil means time.Now.
 	Clock func() time.Time
+	// RootPins, if any, are the SHA-256 fingerprints (lower-case hex) of
+	// the only roots os-ca.crt may be: in the tiered setup nothing else
+	// ties os-ca.crt to anything at start (TRUSTD_ROOT_SHA256).
+	RootPins []string
 }
 
 // Digest identifies the content of one read of a file set, so that a
@@ -65,8 +73,8 @@ func readDigested(path, name string, optional bool, h *digestBuilder) ([]byte, e
 	return b, err
 }
 
-// Credentials reads token, os-ca.crt, accepted-cas.crt and issuer.crt
-// and checks them with LoadCredentials.
+// Credentials reads token, os-ca.crt, accepted-cas.crt, its trust
+// statement and issuer.crt and checks them with LoadCredentials.
 func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	var h digestBuilder
 	token, err := d.read(certdir.FileToken, d.Token, false, &h)
@@ -81,13 +89,51 @@ func (d CertDir) Credentials() (*Credentials, Digest, error) {
 	if err != nil {
 		return nil, h.sum(), fmt.Errorf("accepted CAs: %w", err)
 	}
+	statement, err := d.read(certdir.FileTrustStatement, nil, true, &h)
+	if err != nil {
+		return nil, h.sum(), fmt.Errorf("trust statement: %w", err)
+	}
 	issuer, source, err := d.readIssuer(&h)
 	if err != nil {
 		return nil, h.sum(), fmt.Errorf("issuer chain: %w", err)
 	}
-	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, IssuerChain: issuer, IssuerSource: source}
+	files := CredentialFiles{Token: token, CACert: ca, AcceptedCAs: accepted, TrustStatement: statement, IssuerChain: issuer, IssuerSource: source}
 	c, err := LoadCredentials(files, d.SignerPublic, clockOrDefault(d.Clock)())
+	if err == nil {
+		err = d.checkRootPin(c.CA())
+	}
+	if err == nil && d.Token == nil {
+		c.tokenFileMode = fileMode(filepath.Join(d.Dir, certdir.FileToken))
+	}
 	return c, h.sum(), err
+}
+
+// checkRootPin refuses an os-ca.crt that is not one of RootPins.
+func (d CertDir) checkRootPin(root *x509.Certificate) error {
+	fp := pki.CertFingerprint(root)
+	if len(d.RootPins) == 0 || slices.Contains(d.RootPins, fp) {
+		return nil
+	}
+	return fmt.Errorf("%s is %s, not a root pinned in $TRUSTD_ROOT_SHA256 (%s); put the pinned root back, or after a root rotation add the new root's fingerprint and restart", certdir.FileCACert, fp, strings.Join(d.RootPins, ","))
+}
+
+// fileMode is the permission bits of path (after symlinks: a Secret
+// mount's file), 0 if it cannot be read.
+func fileMode(path string) fs.FileMode {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Mode().Perm()
+}
+
+// LogTokenFile warns when the token file is readable by every user of
+// the host: the token lets anyone obtain apid certificates.
+func LogTokenFile(log *slog.Logger, c *Credentials) {
+	if c.tokenFileMode&0o004 != 0 {
+		log.Warn("the token file is readable by every user on this host; chmod 600 it (Kubernetes: defaultMode 0440 or 0400 on the Secret volume)",
+			"file", certdir.FileToken, "mode", fmt.Sprintf("%04o", c.tokenFileMode))
+	}
 }
 
 // readIssuer reads the issuer chain: inline, from IssuerFile (required),
@@ -144,7 +190,8 @@ func (h *digestBuilder) sum() Digest { return sha256.Sum256(h.parts) }
 // certificate when their files change. Kubernetes updates a mounted
 // Secret by swapping a symlink, which an inotify watch on the files would
 // miss; reading by name every few seconds sees it. A broken new file set
-// is refused and the running one kept.
+// is refused and the running one kept; so is one whose `ca` set the root
+// did not vouch for (TrustError, trustd_reload_failed{what="trust"}).
 type Reloader struct {
 	Dir     CertDir
 	Service *Service
@@ -154,22 +201,48 @@ type Reloader struct {
 	Metrics *Metrics
 	Logger  *slog.Logger
 	Clock   func() time.Time
+	// ForceTokenReplace lets a token file that shares no token with the
+	// running set be installed (TRUSTD_TOKEN_RELOAD_FORCE); otherwise it
+	// is refused as TokenError.
+	ForceTokenReplace bool
 
-	creds, serving       Digest
-	badCreds, badServing Digest
+	creds, serving watched
+	trust          trustGuard
 }
 
-// Prime records the digests of what the daemon loaded at start.
-func (r *Reloader) Prime(creds, serving Digest) { r.creds, r.serving = creds, serving }
+// watched is where one file set stands: the digest running and the one
+// last refused, with the metric label it was refused under.
+type watched struct {
+	current, bad Digest
+	badWhat      string
+}
+
+// Prime records the digests of what the daemon loaded at start, and its
+// trust statement as the newest seen.
+func (r *Reloader) Prime(creds, serving Digest) {
+	r.creds.current, r.serving.current = creds, serving
+	if c := r.Service.Credentials(); c != nil {
+		r.trust.installed(c)
+	}
+}
 
 // Check reloads what changed since the last check.
 func (r *Reloader) Check() {
 	now := clockOrDefault(r.Clock)()
 	c, d, err := r.Dir.Credentials()
-	r.apply("credentials", d, err, &r.creds, &r.badCreds, func() {
+	what := "credentials"
+	if err == nil && d != r.creds.current {
+		what, err = r.vet(c)
+	}
+	r.apply(what, d, err, &r.creds, func() {
+		logServedChange(r.log(), r.Service.Credentials(), c)
 		r.Service.SetCredentials(c)
-		r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize())
+		r.trust.installed(c)
+		r.Metrics.SetReloadFailed(reloadTrust, false)
+		r.Metrics.SetReloadFailed(reloadToken, false)
+		r.log().Info("credentials reloaded", "ca_not_after", c.CA().NotAfter, "bundle_cas", c.BundleSize(), "tokens", c.tokens.fingerprints())
 		LogIssuer(r.log(), c, now)
+		LogTokenFile(r.log(), c)
 	})
 	if r.Holder == nil {
 		return
@@ -178,36 +251,67 @@ func (r *Reloader) Check() {
 	if err == nil && cert == nil {
 		err = errors.New("serving certificate files were removed")
 	}
-	r.apply("serving", d, err, &r.serving, &r.badServing, func() {
+	r.apply("serving", d, err, &r.serving, func() {
 		r.Holder.Set(cert)
 		r.Metrics.SetServingExpiry(cert.Leaf.NotAfter, now)
 		r.log().Info("serving certificate reloaded", "not_after", cert.Leaf.NotAfter)
 	})
 }
 
+// vet checks changed credentials against the running ones: the `ca` set
+// must be vouched for by the root, and the token file must keep a
+// running token unless forced. It returns the label a refusal is counted
+// under.
+func (r *Reloader) vet(c *Credentials) (string, error) {
+	running := r.Service.Credentials()
+	if err := r.trust.check(running, c); err != nil {
+		return reloadTrust, err
+	}
+	if err := checkTokenChange(running.tokens, c.tokens, r.ForceTokenReplace); err != nil {
+		return reloadToken, err
+	}
+	return "credentials", nil
+}
+
 // apply installs a changed file set, or refuses a broken one; files back
 // at the running content clear an earlier refusal (trustd_reload_failed).
-func (r *Reloader) apply(what string, d Digest, err error, current, bad *Digest, install func()) {
-	if d == *current {
-		if *bad != (Digest{}) {
-			*bad = Digest{}
-			r.Metrics.SetReloadFailed(what, false)
-			r.log().Info("cert dir back to the running "+what+"; the refused change is gone", "what", what)
+func (r *Reloader) apply(what string, d Digest, err error, w *watched, install func()) {
+	if d == w.current {
+		if w.bad != (Digest{}) {
+			r.Metrics.SetReloadFailed(w.badWhat, false)
+			r.log().Info("cert dir back to the running "+w.badWhat+"; the refused change is gone", "what", w.badWhat)
+			w.bad = Digest{}
 		}
 		return
 	}
 	if err != nil {
-		if d == *bad {
+		if d == w.bad {
 			return // already reported this broken content
 		}
-		*bad = d
+		w.bad, w.badWhat = d, what
 		r.Metrics.ObserveReload(what, err)
-		r.log().Error("reload refused; keeping the running "+what, "error", err)
+		r.logRefused(what, err)
 		return
 	}
 	install()
-	*current, *bad = d, Digest{}
+	w.current, w.bad = d, Digest{}
 	r.Metrics.ObserveReload(what, nil)
+}
+
+// logRefused logs a refused reload: at WARN with the CAs' fingerprints
+// for a `ca` set the root did not vouch for, at ERROR otherwise.
+func (r *Reloader) logRefused(what string, err error) {
+	var te *TrustError
+	if errors.As(err, &te) {
+		r.log().Warn("reload refused: the root does not vouch for the ca set it would serve; keeping the running credentials", "reason", te.Reason, "cas", te.CAs)
+		return
+	}
+	var ke *TokenError
+	if errors.As(err, &ke) {
+		r.log().Warn("reload refused: the token file keeps no running token; keeping the running tokens", "error", err)
+		return
+	}
+	r.log().Error("reload refused; keeping the running "+what, "error", err)
 }
 
 // Run checks every interval until ctx ends.

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"io/fs"
 	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
@@ -27,6 +28,10 @@ type Credentials struct {
 	pool     *x509.CertPool
 	// bundleSize is how many CAs bundle holds, for logs.
 	bundleSize int
+	// trust is how the root's statement decided the bundle.
+	trust *certdir.Trust
+	// tokenFileMode is the token file's permissions (0: inline token).
+	tokenFileMode fs.FileMode
 }
 
 // CredentialFiles are the contents of the credential files; nil means
@@ -44,6 +49,9 @@ type CredentialFiles struct {
 	// IssuerSource names where IssuerChain came from in messages; empty
 	// means issuer.crt.
 	IssuerSource string
+	// TrustStatement is accepted-cas.statement.json, the root's signed
+	// list of the accepted CAs it vouches for; nil means absent.
+	TrustStatement []byte
 }
 
 // NewCredentials checks and assembles single-tier credentials: the
@@ -54,8 +62,10 @@ func NewCredentials(token []byte, caPEM, acceptedPEM []byte, pub crypto.PublicKe
 }
 
 // LoadCredentials checks and assembles credentials. The bundle returned to
-// workers (os-ca.crt, then accepted-cas.crt) becomes apid's client-CA
-// pool, so every block in it must be a CA certificate allowing ClientAuth.
+// workers (os-ca.crt, then the CAs of accepted-cas.crt the root's trust
+// statement vouches for: certdir.ParseTrust) becomes apid's client-CA
+// pool, so every block in it must be a CA certificate allowing ClientAuth;
+// the accepted CAs left out are in Trust().Unvouched.
 // Without an issuer chain os-ca.crt must hold the signer's key (pub; nil
 // skips the check). With one, pki.CheckIssuerChain applies at now: the
 // signer's key is the chain's first certificate, every certificate is a
@@ -65,11 +75,12 @@ func LoadCredentials(f CredentialFiles, pub crypto.PublicKey, now time.Time) (*C
 	if err != nil {
 		return nil, err
 	}
-	ca, cas, err := certdir.ParseBundle(f.CACert, f.AcceptedCAs)
+	trust, err := certdir.ParseTrust(f.CACert, f.AcceptedCAs, f.TrustStatement)
 	if err != nil {
 		return nil, err
 	}
-	c := &Credentials{tokens: tokens, ca: ca, bundle: pki.EncodeCertificates(cas...), pool: x509.NewCertPool(), bundleSize: len(cas)}
+	ca, cas := trust.CA, trust.Bundle
+	c := &Credentials{tokens: tokens, ca: ca, bundle: pki.EncodeCertificates(cas...), pool: x509.NewCertPool(), bundleSize: len(cas), trust: trust}
 	for _, b := range cas {
 		c.pool.AddCert(b)
 	}
@@ -137,6 +148,10 @@ func (c *Credentials) validity(want time.Duration, now time.Time) time.Duration 
 // Bundle returns the PEM bundle returned to workers as `ca`.
 func (c *Credentials) Bundle() []byte { return c.bundle }
 
+// Trust returns how the root's statement decided the bundle: the
+// accepted CAs left out, the statement and why it was refused.
+func (c *Credentials) Trust() *certdir.Trust { return c.trust }
+
 // Pool returns the bundle as a certificate pool.
 func (c *Credentials) Pool() *x509.CertPool { return c.pool }
 
@@ -158,5 +173,5 @@ func mismatch(ca *x509.Certificate, pub crypto.PublicKey) error {
 	if err != nil {
 		return err
 	}
-	return fmt.Errorf("OS CA certificate does not match the signer's key (certificate key %s, signer key %s); in the tiered setup, provide the signer's chain as %s", got[:16], want[:16], certdir.FileIssuerChain)
+	return fmt.Errorf("OS CA certificate does not match the signer's key (certificate key %s, signer key %s): after `rotate --finish` the cert dir holds the new CA, so restart the daemon with TRUSTD_SIGNER set to the new key (--new-signer; the signer changes only at a restart); otherwise put back the os-ca.crt of this key; in the tiered setup, provide the signer's chain as %s", got[:16], want[:16], certdir.FileIssuerChain)
 }

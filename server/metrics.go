@@ -1,7 +1,7 @@
 package server
 
 import (
-	"strconv"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -86,7 +86,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	// Every label value an alert rule uses exists from the start at 0,
 	// so that increase() sees the first event.
 	initLabels(m.denied, "auth", "policy", "bad_csr", "oversized", "rate_limit", "saturated", "signer", "other")
-	for _, what := range []string{"credentials", "serving"} {
+	for _, what := range []string{"credentials", "serving", reloadTrust, reloadToken} {
 		initLabels(m.reloads.MustCurryWith(prometheus.Labels{"what": what}), "ok", "error")
 		m.reloadFailed.WithLabelValues(what).Set(0)
 	}
@@ -124,8 +124,8 @@ func (m *Metrics) addFrontDoor() {
 		Help: "Connections without a valid token that ended without any request, by stage (handshake, before_request): the client left, or gRPC closed it for a protocol violation such as a header list far over the bound.",
 	}, []string{"stage"})
 	m.tokenUsed = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "trustd_token_used_total", Help: "Requests authenticated, by the index of the token that matched (0 = first line of the token file); never the token.",
-	}, []string{"index"})
+		Name: "trustd_token_used_total", Help: "Requests authenticated, by the fingerprint of the token that matched: the first 16 hex digits of its SHA-256 (printf %s TOKEN | sha256sum | cut -c1-16); never the token.",
+	}, []string{"fingerprint"})
 	// Every label value an alert rule uses exists from the start at 0,
 	// so that increase() sees the first event.
 	initLabels(m.connsRefused, closedPerAddress)
@@ -144,8 +144,8 @@ func (m *Metrics) addFrontDoorStates() {
 		Name: "trustd_accept_errors_total", Help: "Failed accepts on the SecurityService port, by kind (fd_exhausted: out of file descriptors; other); the port retries.",
 	}, []string{"kind"})
 	m.tokenBadRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "trustd_token_bad_requests_total", Help: "Malformed requests (empty or invalid CSR) under a valid token, by the token's index: a client that holds the token misbehaves.",
-	}, []string{"index"})
+		Name: "trustd_token_bad_requests_total", Help: "Malformed requests (empty or invalid CSR) under a valid token, by the token's fingerprint (as trustd_token_used_total): a client that holds the token misbehaves.",
+	}, []string{"fingerprint"})
 	m.frontDoorState = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "trustd_front_door_state", Help: "1 while a front-door state holds (evicting, connections_full, accept_failing), else 0.",
 	}, []string{"state"})
@@ -153,7 +153,6 @@ func (m *Metrics) addFrontDoorStates() {
 		Name: "trustd_front_door_state_changes_total", Help: "Transitions of each front-door state, every one (the log reports a state once it has held).",
 	}, []string{"state"})
 	initLabels(m.acceptErrors, acceptFDExhausted, acceptOther)
-	initLabels(m.tokenBadRequests, "0") // further indexes appear when first charged
 	initLabels(m.frontDoorChanges, frontStates()...)
 	initLabels(m.connsRefused, closedNoData, closedNoRoom)
 	initLabels(m.connsClosed, closedRequestIdle)
@@ -273,24 +272,29 @@ func (m *Metrics) inflight(delta float64) {
 	}
 }
 
-// SetTokenCount creates the per-token counters at 0 for n tokens and
-// drops those of indexes a reload removed: a frozen series would read as
-// a token no worker uses.
-func (m *Metrics) SetTokenCount(n int) {
+// SetTokens creates the per-token counters at 0 for the fingerprints now
+// and drops those of tokens a reload removed (in was, not in now): a
+// frozen series would read as a token no worker uses. A token kept
+// across a reload keeps its count, whatever its line.
+func (m *Metrics) SetTokens(was, now []string) {
 	if m == nil {
 		return
 	}
-	for i := range n {
-		m.tokenUsed.WithLabelValues(strconv.Itoa(i))
+	for _, fp := range now {
+		m.tokenUsed.WithLabelValues(fp)
+		m.tokenBadRequests.WithLabelValues(fp)
 	}
-	for i := n; i < maxTokens; i++ {
-		m.tokenUsed.DeleteLabelValues(strconv.Itoa(i))
+	for _, fp := range was {
+		if !slices.Contains(now, fp) {
+			m.tokenUsed.DeleteLabelValues(fp)
+			m.tokenBadRequests.DeleteLabelValues(fp)
+		}
 	}
 }
 
-func (m *Metrics) tokenMatched(index int) {
+func (m *Metrics) tokenMatched(fingerprint string) {
 	if m != nil {
-		m.tokenUsed.WithLabelValues(strconv.Itoa(index)).Inc()
+		m.tokenUsed.WithLabelValues(fingerprint).Inc()
 	}
 }
 
@@ -322,9 +326,9 @@ func (m *Metrics) acceptFailed(kind string) {
 	}
 }
 
-func (m *Metrics) tokenBadRequest(index int) {
+func (m *Metrics) tokenBadRequest(fingerprint string) {
 	if m != nil {
-		m.tokenBadRequests.WithLabelValues(strconv.Itoa(index)).Inc()
+		m.tokenBadRequests.WithLabelValues(fingerprint).Inc()
 	}
 }
 

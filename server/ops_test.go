@@ -301,7 +301,7 @@ func TestReload(t *testing.T) {
 		}
 	}
 	mkgen("gen1", map[string][]byte{certdir.FileToken: []byte(testToken), certdir.FileCACert: ca.pem})
-	for _, f := range []string{certdir.FileToken, certdir.FileCACert, certdir.FileAcceptedCAs} {
+	for _, f := range []string{certdir.FileToken, certdir.FileCACert, certdir.FileAcceptedCAs, certdir.FileTrustStatement} {
 		if err := os.Symlink(filepath.Join("..data", f), filepath.Join(root, f)); err != nil {
 			t.Fatal(err)
 		}
@@ -318,7 +318,9 @@ func TestReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl := &Reloader{Dir: dir, Service: svc, Metrics: m, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
+	// Forced: this test swaps whole token sets (TestTokenReloadGuard
+	// covers the refusal).
+	rl := &Reloader{Dir: dir, Service: svc, Metrics: m, Logger: slog.New(slog.NewJSONHandler(&logs, nil)), ForceTokenReplace: true}
 	rl.Prime(d, Digest{})
 	req := &securityapi.CertificateRequest{Csr: makeCSR(t, csrSpec{key: newKey(t, "p256"), dns: []string{"w"}})}
 	tokenCtx := func(tok string) context.Context { return peerCtx("10.0.0.1", tok) }
@@ -328,7 +330,7 @@ func TestReload(t *testing.T) {
 		t.Fatal("reloaded without a change")
 	}
 	// A new token and an accepted CA: swapped in without a restart.
-	mkgen("gen2", map[string][]byte{certdir.FileToken: []byte("new-token"), certdir.FileCACert: ca.pem, certdir.FileAcceptedCAs: other.pem})
+	mkgen("gen2", map[string][]byte{certdir.FileToken: []byte("new-token"), certdir.FileCACert: ca.pem, certdir.FileAcceptedCAs: other.pem, certdir.FileTrustStatement: ca.vouch(t, 1, other)})
 	rl.Check()
 	if _, err := svc.Certificate(tokenCtx(testToken), req); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("old token after reload: %v", err)
@@ -352,6 +354,9 @@ func TestReload(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "reload refused") {
 		t.Fatal("broken reload not logged")
+	}
+	if !strings.Contains(logs.String(), "after `rotate --finish`") {
+		t.Fatalf("a CA that no longer matches the signer is logged without the rotation hint: %s", logs.String())
 	}
 	// Fixed content is picked up.
 	mkgen("gen4", map[string][]byte{certdir.FileToken: []byte("third-token"), certdir.FileCACert: ca.pem})
@@ -462,8 +467,9 @@ func TestReloadUnreadableFile(t *testing.T) {
 }
 
 // TestReloadDropsRemovedTokenIndexes: after a rotation removes a token,
-// trustd_token_used_total has no series for an index that no longer
-// exists (a frozen counter would read as "a token nobody uses").
+// trustd_token_used_total has no series for a token that no longer
+// exists (a frozen counter would read as "a token nobody uses"), and the
+// kept token keeps its series although its line moved.
 func TestReloadDropsRemovedTokenIndexes(t *testing.T) {
 	ca := newTestCA(t, signer.ECDSAP256)
 	reg := prometheus.NewRegistry()
@@ -475,8 +481,12 @@ func TestReloadDropsRemovedTokenIndexes(t *testing.T) {
 	if n := testutil.CollectAndCount(m.tokenUsed); n != 2 {
 		t.Fatalf("%d token series with two tokens, want 2", n)
 	}
+	m.tokenMatched(fingerprintOf("new-token"))
 	svc.SetCredentials(ca.credentials(t, "new-token"))
 	if n := testutil.CollectAndCount(m.tokenUsed); n != 1 {
 		t.Fatalf("%d token series after removing a token, want 1", n)
+	}
+	if got := testutil.ToFloat64(m.tokenUsed.WithLabelValues(fingerprintOf("new-token"))); got != 1 {
+		t.Fatalf("the kept token's count %v after it moved to line 1, want 1", got)
 	}
 }

@@ -113,16 +113,16 @@ func New(cfg Config) (*Service, error) {
 	s.limiter = newLimiter(cfg.RateLimits, s.now)
 	s.limiter.gate.observe(s.log, s.metrics, cfg.Signer.Describe().Backend)
 	s.metrics.SetCAExpiry(cfg.Credentials.CA().NotAfter, s.now())
-	s.metrics.SetTokenCount(cfg.Credentials.Tokens())
+	s.metrics.SetTokens(nil, cfg.Credentials.tokens.fingerprints())
 	return s, nil
 }
 
 // SetCredentials swaps token, CA and bundle; requests in flight finish
 // with the set they started with.
 func (s *Service) SetCredentials(c *Credentials) {
-	s.creds.Store(c)
+	was := s.creds.Swap(c)
 	s.metrics.SetCAExpiry(c.CA().NotAfter, s.now())
-	s.metrics.SetTokenCount(c.Tokens())
+	s.metrics.SetTokens(was.tokens.fingerprints(), c.tokens.fingerprints())
 }
 
 // Credentials returns the current credentials.
@@ -168,13 +168,13 @@ func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*p
 }
 
 func (s *Service) certificate(ctx context.Context, creds *Credentials, req *securityapi.CertificateRequest, peerAddr netip.AddrPort, rec *auditRecord) (*securityapi.CertificateResponse, error) {
-	idx, err := s.authenticate(ctx, creds, peerAddr.Addr())
+	fp, err := s.authenticate(ctx, creds, peerAddr.Addr())
 	if err != nil {
 		return nil, err
 	}
 	r, err := ParseRequest(req.GetCsr(), s.limits)
 	if err != nil {
-		return nil, s.badRequest(peerAddr.Addr(), idx, err)
+		return nil, s.badRequest(peerAddr.Addr(), fp, err)
 	}
 	rec.request = r
 	if err := s.policy.Check(r, peerAddr.Addr()); err != nil {
@@ -201,20 +201,22 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 // address (workers behind one NAT or proxy share it), and wrong tokens
 // are charged only to the wrong-token limit, never to the address's
 // request budget that valid requests use.
-func (s *Service) authenticate(ctx context.Context, creds *Credentials, a netip.Addr) (int, error) {
+func (s *Service) authenticate(ctx context.Context, creds *Credentials, a netip.Addr) (string, error) {
 	idx, err := checkToken(ctx, creds.tokens)
 	if err != nil {
-		return -1, s.limiter.wrongToken(a, err)
+		return "", s.limiter.wrongToken(a, err)
 	}
-	s.metrics.tokenMatched(idx)
-	return idx, s.limiter.admit(a)
+	fp := creds.tokens.fingerprint(idx)
+	s.metrics.tokenMatched(fp)
+	return fp, s.limiter.admit(a)
 }
 
 // badRequest charges a malformed request under a valid token (an empty
 // CSR, say) to its address's bad-request budget and counts it against
-// the token's index: a client that holds the token gets no free refusals.
-func (s *Service) badRequest(a netip.Addr, tokenIndex int, err error) error {
-	s.metrics.tokenBadRequest(tokenIndex)
+// the token's fingerprint: a client that holds the token gets no free
+// refusals, and the operator sees which token it holds.
+func (s *Service) badRequest(a netip.Addr, fingerprint string, err error) error {
+	s.metrics.tokenBadRequest(fingerprint)
 	return s.limiter.badRequest(a, err)
 }
 
@@ -245,10 +247,10 @@ func checkToken(ctx context.Context, tokens tokenSet) (int, error) {
 // other request, so an oversized flood is neither invisible nor free.
 func (s *Service) refusedOversized(ctx context.Context) {
 	peerAddr := peerAddress(ctx)
-	idx, authErr := s.authenticate(ctx, s.creds.Load(), peerAddr.Addr())
+	fp, authErr := s.authenticate(ctx, s.creds.Load(), peerAddr.Addr())
 	err := &oversizeError{limit: s.limits.MaxCSRBytes}
 	if authErr == nil {
-		authErr = s.badRequest(peerAddr.Addr(), idx, nil)
+		authErr = s.badRequest(peerAddr.Addr(), fp, nil)
 	}
 	if authErr != nil {
 		err.also = authErr.Error()

@@ -242,7 +242,8 @@ func TestPolicyDenied(t *testing.T) {
 func TestAcceptedCAsBundle(t *testing.T) {
 	ca := newTestCA(t, signer.ECDSAP256)
 	old := newTestCA(t, signer.ECDSAP256)
-	creds, err := NewCredentials([]byte(testToken+"\n"), ca.pem, append(old.pem, ca.pem...), ca.signer.Public())
+	files := CredentialFiles{Token: []byte(testToken + "\n"), CACert: ca.pem, AcceptedCAs: append(old.pem, ca.pem...), TrustStatement: ca.vouch(t, 1, old)}
+	creds, err := LoadCredentials(files, ca.signer.Public(), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

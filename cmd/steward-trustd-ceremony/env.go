@@ -29,6 +29,8 @@ type environment struct {
 	// tpmDial opens TPMs for the commands that use one outside a key
 	// (policy quote, reading PCR values to approve); nil means tpmdev.Dial.
 	tpmDial tpm.DialFunc
+	// warnings collects the devices' warnings for the closing summary.
+	warnings warnSummary
 }
 
 func defaultEnvironment() *environment {
@@ -47,8 +49,7 @@ func defaultEnvironment() *environment {
 
 // ceremony opens the key registry; device warnings go to stderr.
 func (e *environment) ceremony(stderr io.Writer) (*keystore.Ceremony, error) {
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	keys, err := e.keys(logger)
+	keys, err := e.keys(e.warnings.logger(stderr))
 	if err != nil {
 		return nil, err
 	}

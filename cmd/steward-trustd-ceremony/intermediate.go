@@ -120,6 +120,7 @@ func intermediateSignCmd(env *environment, stdout, stderr io.Writer) *cobra.Comm
 			if o.CSR, _, err = readCSR(csrPath); err != nil {
 				return err
 			}
+			o.Rotation = filepath.Base(csrPath) == certdir.FileNextIssuerCSR
 			return f.run(cmd, env, stdout, stderr, func(ctx context.Context, cer *keystore.Ceremony, rd keystore.Dir) (*keystore.Outcome, error) {
 				_, res, err := cer.IntermediateSign(ctx, rd, o)
 				return res, err

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -19,12 +22,14 @@ type keyFlags struct {
 	algorithm   string
 	pcrs        []int
 	authorities []string
+	systemd     bool
 }
 
 func (k *keyFlags) register(cmd *cobra.Command, algUsage, pcrsUsage string) {
 	cmd.Flags().StringVar(&k.algorithm, "algorithm", "p256", algUsage)
 	cli.PCRsVar(cmd.Flags(), &k.pcrs, "pcrs", pcrsUsage)
 	cli.ListVar(cmd.Flags(), &k.authorities, "policy-authority", nil, policyAuthorityUsage)
+	cmd.Flags().BoolVar(&k.systemd, "systemd-compatible", false, systemdCompatibleUsage)
 }
 
 // key parses --algorithm and binds uri to --pcrs (tpm: only).
@@ -33,7 +38,12 @@ func (k *keyFlags) key(uri string) (string, signer.Algorithm, error) {
 	if err != nil {
 		return "", "", err
 	}
-	uri, err = withPCRs(uri, k.pcrs)
+	if uri, err = withPCRs(uri, k.pcrs); err != nil {
+		return "", "", err
+	}
+	if k.systemd {
+		uri, err = withSystemd(uri, k.authorities)
+	}
 	return uri, alg, err
 }
 
@@ -74,20 +84,20 @@ func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 
 // importFlags name the key being imported.
 type importFlags struct {
-	key, cert, secrets string
+	key, cert, secrets, secretsOut string
+	// secretsData is the secrets.yaml as read, for the worker secrets file.
+	secretsData []byte
 }
 
 // source reads the key and certificate to import.
-func (f importFlags) source() (*keystore.ImportSource, error) {
+func (f *importFlags) source() (*keystore.ImportSource, error) {
 	switch {
 	case f.secrets != "" && (f.key != "" || f.cert != ""):
 		return nil, cli.Usagef("give either --talos-secrets or --key and --cert, not both")
+	case f.secretsOut != "" && f.secrets == "":
+		return nil, cli.Usagef("--talos-secrets-out needs --talos-secrets")
 	case f.secrets != "":
-		data, err := os.ReadFile(f.secrets)
-		if err != nil {
-			return nil, err
-		}
-		return keystore.ParseTalosSecrets(data)
+		return f.talosSource()
 	case f.key != "" && f.cert != "":
 		keyPEM, err := os.ReadFile(f.key)
 		if err != nil {
@@ -103,16 +113,45 @@ func (f importFlags) source() (*keystore.ImportSource, error) {
 	}
 }
 
-// destroyHint says what to do with the source once the key is on the
-// device: a key file goes; a secrets.yaml keeps everything but
-// certs.os.key, since `talosctl gen config --with-secrets` needs the rest
-// (worker configs take only certs.os.crt).
-func (f importFlags) destroyHint() string {
-	if f.key != "" {
-		return "destroy the source now: shred -u " + f.key
+// talosSource reads --talos-secrets and settles where its worker secrets
+// file goes (never over the source itself).
+func (f *importFlags) talosSource() (*keystore.ImportSource, error) {
+	if f.secretsOut == "" {
+		f.secretsOut = strings.TrimSuffix(f.secrets, filepath.Ext(f.secrets)) + "-for-workers.yaml"
 	}
-	return "now delete certs.os.key (only that key) from " + f.secrets + " and destroy every other copy of the original; " +
-		"keep the rest for worker configs: talosctl gen config CLUSTER https://ENDPOINT:6443 --with-secrets " + f.secrets + " --output-types worker"
+	if filepath.Clean(f.secretsOut) == filepath.Clean(f.secrets) {
+		return nil, cli.Usagef("--talos-secrets-out must not be the --talos-secrets file: the original is destroyed after the import")
+	}
+	var err error
+	if f.secretsData, err = os.ReadFile(f.secrets); err != nil {
+		return nil, err
+	}
+	return keystore.ParseTalosSecrets(f.secretsData)
+}
+
+// finish writes the worker secrets file after an import from a secrets
+// bundle and says what to do with the source: a key file goes; a
+// secrets.yaml goes too, since the worker secrets file keeps everything in
+// it but the OS CA key (a throwaway pair stands in for it, because
+// `talosctl gen config --with-secrets` validates certs.os as a key pair).
+func (f *importFlags) finish(env *environment, stdout io.Writer, out string, force bool) error {
+	if f.key != "" {
+		fmt.Fprintln(stdout, "destroy the source now: shred -u "+f.key)
+		return nil
+	}
+	kept, err := keystore.WriteTalosWorkerSecrets(f.secretsOut, f.secretsData, force, env.clock(), env.rand)
+	if err != nil {
+		return fmt.Errorf("the key is imported, but the worker secrets file is not written: %w", err)
+	}
+	verb := "wrote"
+	if kept {
+		verb = "kept"
+	}
+	patch := filepath.Join(out, certdir.FileWorkerPatch)
+	fmt.Fprintf(stdout, "%s %s: the cluster's secrets without the OS CA key (certs.os is a labelled throwaway pair)\n", verb, f.secretsOut)
+	fmt.Fprintf(stdout, "worker configs: talosctl gen config CLUSTER https://ENDPOINT:6443 --with-secrets %s --config-patch-worker @%s --output-types worker\n", f.secretsOut, patch)
+	fmt.Fprintf(stdout, "now destroy %s and every copy of it (it holds the OS CA key): shred -u %s\n", f.secrets, f.secrets)
+	return nil
 }
 
 func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -120,14 +159,20 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var src importFlags
 	var out string
 	var authorities []string
+	var systemd bool
 	c := &cobra.Command{
-		Use:   "import --signer URI (--key os-ca.key --cert os-ca.crt | --talos-secrets secrets.yaml) --out DIR",
+		Use:   "import --signer URI (--key os-ca.key --cert os-ca.crt | --talos-secrets secrets.yaml [--talos-secrets-out FILE]) --out DIR",
 		Short: "Move an existing OS CA key onto the device as non-extractable",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cli.Required(map[string]string{"signer": o.SignerURI, "out": out}); err != nil {
 				return err
 			}
 			var err error
+			if systemd {
+				if o.SignerURI, err = withSystemd(o.SignerURI, authorities); err != nil {
+					return err
+				}
+			}
 			if o.Source, err = src.source(); err != nil {
 				return err
 			}
@@ -137,10 +182,10 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			err = env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 				return runInOut(out, func(d keystore.OSDir) (*keystore.Outcome, error) { return cer.Import(cmd.Context(), d, o) })
 			})
-			if err == nil {
-				fmt.Fprintln(stdout, src.destroyHint())
+			if err != nil {
+				return err
 			}
-			return err
+			return src.finish(env, stdout, out, o.Force)
 		},
 	}
 	f := c.Flags()
@@ -148,10 +193,12 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	f.StringVar(&src.key, "key", "", "CA private key PEM file")
 	f.StringVar(&src.cert, "cert", "", "CA certificate PEM file")
 	f.StringVar(&src.secrets, "talos-secrets", "", "secrets.yaml from `talosctl gen secrets` (uses certs.os and trustdinfo.token)")
+	f.StringVar(&src.secretsOut, "talos-secrets-out", "", "where to write the secrets for `talosctl gen config --with-secrets` without the OS CA key (default: SECRETS-for-workers.yaml beside --talos-secrets)")
 	f.StringVar(&o.Cluster, "cluster", "", "cluster name for the Kubernetes Secret (default: the CA's common name, or talos)")
 	f.StringVar(&out, "out", "", "ceremony directory")
 	f.BoolVar(&o.Force, "force", false, "replace existing output files (device keys are never replaced)")
 	cli.ListVar(f, &authorities, "policy-authority", nil, policyAuthorityUsage)
+	f.BoolVar(&systemd, "systemd-compatible", false, systemdCompatibleUsage)
 	return c
 }
 
@@ -161,10 +208,12 @@ func rotateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var out, name string
 	var finish, intermediate bool
 	c := &cobra.Command{
-		Use:   "rotate --new-signer URI --out DIR [--finish] [--intermediate --name NAME]",
+		Use:   "rotate --signer URI --new-signer URI --out DIR [--finish] [--intermediate --name NAME]",
 		Short: "Start a CA rotation (new key, both CAs accepted), or finish it with --finish; --intermediate rotates a node's intermediate",
 		Long: `Without --intermediate, rotate replaces the OS CA (the root): a new key and CA that workers accept
-alongside the old one until --finish.
+alongside the old one until --finish. Starting needs --signer, the current root's key: it signs the
+trust statement (accepted-cas.statement.json) that vouches for the new CA, without which the daemon
+does not serve it. --finish has the new key sign the statement for the CAs still accepted.
 With --intermediate, DIR is a node's cert dir (os-ca.crt, issuer.crt): rotate creates the node's new
 intermediate key at --new-signer and writes DIR/issuer.next.csr for the root to sign into
 DIR/issuer.next.crt; the daemon keeps signing with the old key meanwhile. --finish checks the new
@@ -176,6 +225,9 @@ chain as the daemon will and makes it issuer.crt; then restart the daemon on the
 			d := keystore.OSDir{Root: out}
 			if finish {
 				return rotateFinish(cmd, env, stdout, stderr, d, o.NewSignerURI, intermediate)
+			}
+			if err := rootSignerFlag(o.SignerURI, intermediate); err != nil {
+				return err
 			}
 			var err error
 			if o.NewSignerURI, o.Algorithm, err = k.key(o.NewSignerURI); err != nil {
@@ -193,6 +245,7 @@ chain as the daemon will and makes it issuer.crt; then restart the daemon on the
 		},
 	}
 	f := c.Flags()
+	f.StringVar(&o.SignerURI, "signer", "", "key URI of the current CA (root) key, which vouches for the new CA; required to start a root rotation")
 	f.StringVar(&o.NewSignerURI, "new-signer", "", "key URI of the new CA key (created at start, used at --finish)")
 	f.BoolVar(&finish, "finish", false, "finish the rotation: the new CA becomes os-ca.crt, the old one is dropped")
 	f.BoolVar(&intermediate, "intermediate", false, "rotate this node's intermediate (tiered setup) instead of the root")
@@ -201,6 +254,19 @@ chain as the daemon will and makes it issuer.crt; then restart the daemon on the
 	cli.HoursVar(f, &o.Validity, "hours", 87600, cli.MaxCAHours, "new CA validity in hours")
 	f.StringVar(&out, "out", "", "ceremony directory (holds os-ca.crt and token), or with --intermediate the node's cert dir")
 	return c
+}
+
+// rootSignerFlag checks --signer when a rotation starts: required for the
+// root (the current root vouches for the new CA), refused for an
+// intermediate.
+func rootSignerFlag(uri string, intermediate bool) error {
+	switch {
+	case intermediate && uri != "":
+		return cli.Usagef("--signer applies to a root rotation; an intermediate rotation needs only --new-signer")
+	case !intermediate && uri == "":
+		return cli.Usagef("required flag(s) --signer not set: the current root's key vouches for the new CA")
+	}
+	return nil
 }
 
 // rotateIntermediate starts an intermediate rotation.

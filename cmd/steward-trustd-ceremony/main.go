@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -17,12 +18,16 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/internal/harden"
+	"github.com/steward-trustd/steward-trustd/signer"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
 func main() {
+	// Before anything reads a token, a PIN or a key.
+	harden.AtStart(os.Stderr, "steward-trustd-ceremony")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil)
 	stop()
@@ -35,7 +40,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env *envi
 	if env == nil {
 		env = defaultEnvironment()
 	}
-	return cli.Run(ctx, newRoot(env, stdout, stderr), args, stdout, stderr)
+	code := cli.Run(ctx, newRoot(env, stdout, stderr), args, stdout, stderr)
+	if line := env.warnings.line(); line != "" {
+		fmt.Fprintln(stderr, line)
+	}
+	return code
 }
 
 func newRoot(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -57,6 +66,8 @@ Exit codes: 0 success, 1 the operation failed, 2 usage error.`,
 		talosconfigCmd(env, stdout, stderr),
 		serverCertCmd(env, stdout, stderr),
 		rotateCmd(env, stdout, stderr),
+		trustCmd(env, stdout, stderr),
+		fleetCmd(stdout),
 		intermediateCmd(env, stdout, stderr),
 		statusCmd(env, stdout, stderr),
 		attestCmd(env, stdout, stderr),
@@ -64,6 +75,38 @@ Exit codes: 0 success, 1 the operation failed, 2 usage error.`,
 		policyCmd(env, stdout, stderr),
 		doctorCmd(stdout),
 	)
+	// Messages about a key (a file key's warning) name its role.
+	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) {
+		if role := keyRole(cmd); role != "" {
+			cmd.SetContext(signer.WithKeyRole(cmd.Context(), role))
+		}
+	}
 	cli.Setup(root, version)
 	return root
+}
+
+// keyRole is the role of the key a command's --signer (or --new-signer,
+// --authority) names; "" where it may be either (status).
+func keyRole(cmd *cobra.Command) signer.KeyRole {
+	parent := ""
+	if cmd.HasParent() {
+		parent = cmd.Parent().Name()
+	}
+	switch {
+	case parent == "intermediate" && cmd.Name() != "sign":
+		return signer.RoleIntermediate
+	case cmd.Name() == "rotate" && rotatesIntermediate(cmd):
+		return signer.RoleIntermediate
+	case parent == "policy":
+		return signer.RoleAuthority
+	case cmd.Name() == "status" || cmd.Name() == "doctor":
+		return ""
+	}
+	return signer.RoleOSCA
+}
+
+// rotatesIntermediate reports rotate --intermediate.
+func rotatesIntermediate(cmd *cobra.Command) bool {
+	v, err := cmd.Flags().GetBool("intermediate")
+	return err == nil && v
 }

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/signer"
 )
 
 func runCmd(t *testing.T, args ...string) (int, string, string) {
@@ -41,6 +43,8 @@ func TestUsageErrors(t *testing.T) {
 		{"init pcrs on file", []string{"init", "--signer", key, "--cluster", "c", "--out", dir, "--pcrs", "7"}, "only applies to tpm"},
 		{"import no source", []string{"import", "--signer", key, "--out", dir}, "give --key and --cert, or --talos-secrets"},
 		{"import both sources", []string{"import", "--signer", key, "--out", dir, "--key", "k", "--cert", "c", "--talos-secrets", "s"}, "not both"},
+		{"import secrets out alone", []string{"import", "--signer", key, "--out", dir, "--key", "k", "--cert", "c", "--talos-secrets-out", "w.yaml"}, "--talos-secrets-out needs --talos-secrets"},
+		{"import secrets out over source", []string{"import", "--signer", key, "--out", dir, "--talos-secrets", "s.yaml", "--talos-secrets-out", "./s.yaml"}, "must not be the --talos-secrets file"},
 		{"sign-csr without roles", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z"}, "--roles not set"},
 		{"sign-csr leaf hours", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z", "--roles", "os:reader", "--hours", "87601"}, "must be 1 to 87600 hours (10 years)"},
 		{"sign-csr unknown role", []string{"sign-csr", "--signer", key, "--ca", "x", "--csr", "y", "--out", "z", "--roles", "os:root"}, "unknown role"},
@@ -56,6 +60,14 @@ func TestUsageErrors(t *testing.T) {
 		{"force with a value that is no bool", []string{"init", "--force=maybe"}, "--force"},
 		{"status bad output", []string{"status", "--signer", key, "--output", "xml"}, "--output must be text or json"},
 		{"doctor missing config", []string{"doctor"}, "--machineconfig"},
+		{"rotate without the current root", []string{"rotate", "--new-signer", key, "--out", dir}, "--signer not set: the current root's key vouches"},
+		{"intermediate rotate with --signer", []string{"rotate", "--intermediate", "--signer", key, "--new-signer", key, "--out", dir, "--name", "n"}, "--signer applies to a root rotation"},
+		{"trust without CA", []string{"trust", "add", "--signer", key, "--ca", "x"}, "accepts 1 arg"},
+		{"trust without signer", []string{"trust", "remove", "--ca", "x", "y"}, "--signer"},
+		{"fleet check without nodes", []string{"fleet", "check", "--ca", "x"}, "--nodes"},
+		{"fleet check concurrency", []string{"fleet", "check", "--ca", "x", "--nodes", "10.0.0.0/30", "--concurrency", "0"}, "--concurrency 0"},
+		{"fleet check timeout", []string{"fleet", "check", "--ca", "x", "--nodes", "10.0.0.0/30", "--timeout", "2m"}, "--timeout 2m0s"},
+		{"fleet check huge CIDR", []string{"fleet", "check", "--ca", "x", "--nodes", "10.0.0.0/8"}, "more than the limit of 1024"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -156,9 +168,10 @@ func TestStatusJSON(t *testing.T) {
 }
 
 // TestStatusAcceptedCAs: status checks issuer.crt against os-ca.crt and
-// accepted-cas.crt, as the daemon does, so an intermediate from the
-// previous root (kept in accepted-cas.crt after a root rotation) is not
-// reported as refused.
+// the CAs of accepted-cas.crt the root vouches for, as the daemon does,
+// so an intermediate from the previous root (kept in accepted-cas.crt
+// after a root rotation, vouched for by the new root) is not reported as
+// refused, and one under an unvouched CA is, with a warning naming it.
 func TestStatusAcceptedCAs(t *testing.T) {
 	dir := t.TempDir()
 	for _, r := range []string{"old", "new"} {
@@ -180,8 +193,18 @@ func TestStatusAcceptedCAs(t *testing.T) {
 		t.Errorf("status of an intermediate under a root the cert dir does not trust: exit %d", code)
 	}
 	copyFile(t, filepath.Join(dir, "old", "os-ca.crt"), filepath.Join(node, "accepted-cas.crt"))
+	if code, _, stderr := runCmd(t, "status", "--signer", nodeKey, "--ca", filepath.Join(node, "os-ca.crt")); code != cli.ExitFailed || !strings.Contains(stderr, "does not vouch for") {
+		t.Errorf("status of an intermediate under an unvouched CA of accepted-cas.crt: exit %d\n%s", code, stderr)
+	}
+	// The new root vouches for the old one; its directory's files go to the node.
+	if code, _, stderr := runCmd(t, "trust", "add", "--signer", "file:"+filepath.Join(dir, "new.key"), "--ca", filepath.Join(dir, "new", "os-ca.crt"), filepath.Join(dir, "old", "os-ca.crt")); code != cli.ExitOK {
+		t.Fatalf("trust add: %s", stderr)
+	}
+	for _, f := range []string{"accepted-cas.crt", "accepted-cas.statement.json"} {
+		copyFile(t, filepath.Join(dir, "new", f), filepath.Join(node, f))
+	}
 	if code, stdout, stderr := runCmd(t, "status", "--signer", nodeKey, "--ca", filepath.Join(node, "os-ca.crt")); code != cli.ExitOK {
-		t.Errorf("status of an intermediate under a root in accepted-cas.crt: exit %d\n%s%s", code, stdout, stderr)
+		t.Errorf("status of an intermediate under a vouched root in accepted-cas.crt: exit %d\n%s%s", code, stdout, stderr)
 	}
 }
 
@@ -193,5 +216,36 @@ func copyFile(t *testing.T, from, to string) {
 	}
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKeyRoles: each command opens its --signer as the key it is, so a
+// file key's warning names the right one.
+func TestKeyRoles(t *testing.T) {
+	tests := []struct {
+		args []string
+		want signer.KeyRole
+	}{
+		{[]string{"init"}, signer.RoleOSCA},
+		{[]string{"intermediate", "sign"}, signer.RoleOSCA},
+		{[]string{"intermediate", "request"}, signer.RoleIntermediate},
+		{[]string{"intermediate", "install"}, signer.RoleIntermediate},
+		{[]string{"rotate"}, signer.RoleOSCA},
+		{[]string{"rotate", "--intermediate"}, signer.RoleIntermediate},
+		{[]string{"policy", "approve"}, signer.RoleAuthority},
+		{[]string{"status"}, ""},
+	}
+	for _, tt := range tests {
+		root := newRoot(defaultEnvironment(), io.Discard, io.Discard)
+		cmd, rest, err := root.Find(tt.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.ParseFlags(rest); err != nil {
+			t.Fatal(err)
+		}
+		if got := keyRole(cmd); got != tt.want {
+			t.Errorf("%v: role %q, want %q", tt.args, got, tt.want)
+		}
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,11 +30,28 @@ import (
 	"github.com/steward-trustd/steward-trustd/cmd/internal/tpmdev"
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
 	"github.com/steward-trustd/steward-trustd/keystore"
+	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
 )
 
 // policyAuthorityUsage is the help of --policy-authority.
 const policyAuthorityUsage = "TPM only: create the key under this policy authority (a file: or pkcs11: key URI; repeat or comma-separate for a break-glass second authority, PolicyOR) instead of fixed PCR values; the --signer URI must name approvals=DIR, and today's PCR values are approved there with the first authority"
+
+// systemdCompatibleUsage is the help of --systemd-compatible.
+const systemdCompatibleUsage = "TPM only, with --policy-authority: make the key systemd-compatible (empty policyRef, PCR 11), so that approvals written by systemd-measure sign with the same RSA key unlock it; the PCR selection is then checked in software only (see signer/tpm/README.md)"
+
+// withSystemd makes a tpm: key URI about to be created under authorities
+// systemd-compatible (systemd=true).
+func withSystemd(uri string, authorities []string) (string, error) {
+	if len(authorities) == 0 || !tpm.IsKeyURI(uri) {
+		return "", cli.Usagef("--systemd-compatible applies to a tpm: key under a --policy-authority")
+	}
+	out := uri + ";systemd=true"
+	if _, err := tpm.ParseURI(out); err != nil {
+		return "", cli.Usage(err)
+	}
+	return out, nil
+}
 
 // tpmBackend is the TPM backend for reading PCRs and quoting, outside any key.
 func (e *environment) tpmBackend(stderr io.Writer) *tpm.Backend {
@@ -43,7 +59,7 @@ func (e *environment) tpmBackend(stderr io.Writer) *tpm.Backend {
 	if dial == nil {
 		dial = tpmdev.Dial
 	}
-	return &tpm.Backend{Dial: dial, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	return &tpm.Backend{Dial: dial, Logger: e.warnings.logger(stderr)}
 }
 
 // underAuthorities prepares the creation of a key under the policy
@@ -75,6 +91,11 @@ func (e *environment) underAuthorities(ctx context.Context, stdout, stderr io.Wr
 	if err != nil {
 		return "", cli.Usage(err)
 	}
+	binding, err := tpm.CreationBinding(out)
+	if err != nil {
+		return "", cli.Usage(err)
+	}
+	fmt.Fprintf(stdout, "key policy: %s\n", binding)
 	pcrs, vals, err := e.tpmBackend(stderr).ReadPCRValues(ctx, out)
 	if err != nil {
 		return "", err
@@ -98,7 +119,7 @@ func (e *environment) underAuthorities(ctx context.Context, stdout, stderr io.Wr
 	}
 	err = e.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 		return cer.Approve(ctx, receipts, keystore.ApproveOptions{
-			AuthorityURI: auths[0], PCRs: pcrs, Values: vals, Source: "tpm",
+			AuthorityURI: auths[0], Binding: binding, PCRs: pcrs, Values: vals, Source: "tpm",
 			Note: "PCR values when the key was created", Out: keystore.Target{Dir: d, Name: name},
 		})
 	})
@@ -115,7 +136,7 @@ func (e *environment) authorityKeys(ctx context.Context, stderr io.Writer, uris 
 	for _, u := range uris {
 		s, err := cer.Keys.Open(ctx, u)
 		if err != nil {
-			return nil, fmt.Errorf("open policy authority: %w", err)
+			return nil, fmt.Errorf("open policy authority: %w%s", err, keystore.AuthorityHint(err))
 		}
 		pubs = append(pubs, s.Public())
 		s.Close()
@@ -128,29 +149,114 @@ func policyCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 		Use:   "policy",
 		Short: "Signed PCR policies: approve PCR states for a TPM key under a policy authority, prove a node's PCR state",
 	}
-	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr))
+	authority := &cobra.Command{Use: "authority", Short: "The policy authority's key: create one"}
+	authority.AddCommand(authorityCreateCmd(env, stdout, stderr))
+	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr), authority)
 	return c
+}
+
+// authorityCreateFlags are the flags of policy authority create.
+type authorityCreateFlags struct {
+	key, algorithm, publicOut string
+	force                     bool
+}
+
+func authorityCreateCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	var f authorityCreateFlags
+	c := &cobra.Command{
+		Use:   "create --key AUTH_URI [--algorithm p256|rsa2048|rsa3072|rsa4096] [--public-out FILE]",
+		Short: "Create a policy authority key (on an offline machine or an HSM) and print what identifies it",
+		Long: `Create the key that approves PCR states for TPM keys created under it
+(init/rotate/intermediate --policy-authority). Keep it offline: a file: key on a machine
+that never joins the network, or a pkcs11: key on an HSM or YubiKey. It is never
+overwritten.
+
+--public-out writes its public key (PEM, not secret) for the nodes' ceremonies
+(--policy-authority takes the public key's owner URI; status shows the fingerprints).
+Choose rsa2048 (or larger) to sign systemd-measure approvals with the same key
+(--systemd-compatible keys): systemd-measure signs with RSA.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return f.run(cmd.Context(), env, stdout, stderr)
+		},
+	}
+	fs := c.Flags()
+	fs.StringVar(&f.key, "key", "", "where to create the authority key: file:/offline/authority.key or a pkcs11: URI")
+	fs.StringVar(&f.algorithm, "algorithm", "p256", "p256, or rsa2048/rsa3072/rsa4096 (to share the key with systemd-measure)")
+	fs.StringVar(&f.publicOut, "public-out", "", "write the public key (PEM) to this file")
+	fs.BoolVar(&f.force, "force", false, "replace an existing --public-out file (the key itself is never replaced)")
+	return c
+}
+
+func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout, stderr io.Writer) error {
+	if err := cli.Required(map[string]string{"key": f.key}); err != nil {
+		return err
+	}
+	alg, err := parseAlgorithm(f.algorithm)
+	if err != nil {
+		return err
+	}
+	cer, err := env.ceremony(stderr)
+	if err != nil {
+		return err
+	}
+	s, err := cer.Keys.Generate(ctx, f.key, alg)
+	if err != nil {
+		return fmt.Errorf("create the policy authority: %w", err)
+	}
+	defer s.Close()
+	a, err := tpm.NewAuthority(s.Public())
+	if err != nil {
+		return fmt.Errorf("the new key cannot be a policy authority: %w", err)
+	}
+	if f.publicOut != "" {
+		der, err := x509.MarshalPKIXPublicKey(a.Public())
+		if err != nil {
+			return err
+		}
+		if err := writeOutput(stdout, f.publicOut, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), f.force); err != nil {
+			return err
+		}
+	}
+	printAuthority(stdout, f.key, a)
+	return nil
+}
+
+// printAuthority says what identifies a new authority and what to do next.
+func printAuthority(w io.Writer, uri string, a *tpm.Authority) {
+	fmt.Fprintf(w, "policy authority created: %s\n", uri)
+	fmt.Fprintf(w, "fingerprint:  sha256 %s (pkfp of our approvals)\n", a.Fingerprint())
+	if fp := a.SystemdFingerprint(); fp != "" {
+		fmt.Fprintf(w, "systemd pkfp: %s (systemd-measure's)\n", fp)
+	}
+	fmt.Fprintf(w, "TPM name:     %x\n", a.Name())
+	fmt.Fprintf(w, "next: steward-trustd-ceremony init --signer 'tpm:path=/etc/steward-trustd/os-ca.tpmkey;approvals=/etc/steward-trustd/approvals' --policy-authority %s --cluster NAME --out DIR\n", uri)
 }
 
 // approveFlags are the flags of policy approve.
 type approveFlags struct {
-	authority, signer, fromQuote, ak, nonce string
-	note, approvedBy, out, approvals, dir   string
-	pcrs                                    []string
-	force                                   bool
+	authority, signer, key, fromQuote, ak, nonce string
+	note, approvedBy, out, approvals, dir        string
+	pcrs                                         []string
+	force                                        bool
 }
 
 func approveCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	var f approveFlags
 	c := &cobra.Command{
-		Use:   "approve --authority AUTH_URI (--signer TPM_URI | --pcr 7=HEX ... | --from-quote FILE --ak AK.pem --nonce HEX) [--note TEXT] [--out FILE | --approvals DIR]",
+		Use:   "approve --authority AUTH_URI (--key KEY.tpmkey | --signer TPM_URI) [--pcr 7=HEX ... | --from-quote FILE --ak AK.pem --nonce HEX] [--note TEXT] [--out FILE | --approvals DIR]",
 		Short: "Sign an approval of a PCR state with the policy authority, so that the TPM key can sign in that state",
 		Long: `Sign an approval of a PCR state with the policy authority.
 
-The state comes from the TPM itself (--signer, e.g. a canary node after a firmware
-update), from the command line (--pcr 7=HEX, repeatable), or, best, from a quote the
-node made with 'policy quote' over your nonce (--from-quote, checked against the
-attestation key pinned with 'policy quote --ak-out' and your --nonce).
+The key is named by --key (its blob file, not secret: copy it to the authority's
+machine) or --signer (its URI on the node). A key's PCR selection is fixed when it is
+created and bound in its policy (the policyRef of its PolicyAuthorize): the approval
+signs that ref, so the TPM refuses it for any other selection; an approval over
+another selection is refused here, and the selection is printed first.
+
+The state comes from the TPM itself (--signer alone, e.g. a canary node after a
+firmware update), from the command line (--pcr 7=HEX, repeatable), or, best, from a
+quote the node made with 'policy quote' over your nonce (--from-quote, checked against
+the attestation key pinned with 'policy quote --ak-out' and your --nonce).
 
 The approval goes to --out FILE, or into --approvals DIR (default: the approvals=
 directory of --signer) as DATE-DIGEST.json. An approval lets a key created under this
@@ -162,7 +268,8 @@ expires: retire it by removing the file from every node.`,
 	}
 	fs := c.Flags()
 	fs.StringVar(&f.authority, "authority", "", "policy authority key URI (file: or pkcs11:)")
-	fs.StringVar(&f.signer, "signer", "", "read the PCR values from the TPM of this tpm: key URI (its pcrs=, default 7)")
+	fs.StringVar(&f.signer, "signer", "", "the key's tpm: URI; alone, also read the PCR values to approve from its TPM")
+	fs.StringVar(&f.key, "key", "", "the key's blob file (KEY.tpmkey, not secret): its policy names the PCR selection and policyRef to approve")
 	cli.ListVar(fs, &f.pcrs, "pcr", nil, "approve this sha256 PCR value, INDEX=HEX (repeat for several PCRs)")
 	fs.StringVar(&f.fromQuote, "from-quote", "", "approve the PCR values of this quote (from policy quote)")
 	fs.StringVar(&f.ak, "ak", "", "with --from-quote: the node's attestation key (PEM, from policy quote --ak-out)")
@@ -180,9 +287,23 @@ func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr
 	if err := cli.Required(map[string]string{"authority": f.authority}); err != nil {
 		return err
 	}
-	pcrs, vals, source, err := f.state(ctx, env, stderr)
+	if err := f.checkSources(); err != nil {
+		return err
+	}
+	binding, err := f.binding()
 	if err != nil {
 		return err
+	}
+	fmt.Fprintf(stdout, "key policy: %s\n", binding)
+	if w := binding.Weakness(); w != "" {
+		fmt.Fprintf(stderr, "warning: %s\n", w)
+	}
+	pcrs, vals, source, err := f.state(ctx, env, stderr, binding)
+	if err != nil {
+		return err
+	}
+	if want := binding.PCRs(); want != nil && !slices.Equal(pcrs, want) {
+		return fmt.Errorf("the state to approve selects sha256 PCRs %s, but the key accepts only %s (fixed at creation, bound in its policy); nothing was approved: approve the key's own PCRs", pcrList(pcrs), pcrList(want))
 	}
 	target, err := f.target(env.clock(), pcrs, vals)
 	if err != nil {
@@ -194,29 +315,56 @@ func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr
 	}
 	return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 		return cer.Approve(ctx, receipts, keystore.ApproveOptions{
-			AuthorityURI: f.authority, PCRs: pcrs, Values: vals, Source: source,
+			AuthorityURI: f.authority, Binding: binding, PCRs: pcrs, Values: vals, Source: source,
 			ApprovedBy: f.approvedBy, Note: f.note, Out: target, Force: f.force,
 		})
 	})
 }
 
-// state returns the PCR state to approve from exactly one source.
-func (f *approveFlags) state(ctx context.Context, env *environment, stderr io.Writer) ([]int, [][]byte, string, error) {
-	n := 0
-	for _, set := range []bool{f.signer != "", len(f.pcrs) > 0, f.fromQuote != ""} {
-		if set {
-			n++
+// binding reads the binding of the key named by --key or --signer.
+func (f *approveFlags) binding() (tpm.Binding, error) {
+	uri := f.signer
+	if f.key != "" {
+		abs, err := filepath.Abs(f.key)
+		if err != nil {
+			return tpm.Binding{}, err
 		}
+		uri = "tpm:path=" + abs
 	}
-	if n != 1 {
-		return nil, nil, "", cli.Usagef("give exactly one of --signer, --pcr and --from-quote")
+	b, _, err := tpm.KeyBinding(uri)
+	if errors.Is(err, signer.ErrInvalidURI) {
+		return tpm.Binding{}, cli.Usage(err)
 	}
-	if (f.ak != "" || f.nonce != "") && f.fromQuote == "" {
-		return nil, nil, "", cli.Usagef("--ak and --nonce apply to --from-quote")
-	}
+	return b, err
+}
+
+// checkSources checks that the flags name the key and one source of the
+// state to approve.
+func (f *approveFlags) checkSources() error {
 	switch {
-	case f.signer != "":
-		pcrs, vals, err := env.tpmBackend(stderr).ReadPCRValues(ctx, f.signer)
+	case f.key == "" && f.signer == "":
+		return cli.Usagef("name the key the approval is for: --key KEY.tpmkey (its blob file, not secret) or --signer TPM_URI; its policy fixes the PCR selection and the policyRef the approval signs")
+	case len(f.pcrs) > 0 && f.fromQuote != "":
+		return cli.Usagef("give at most one of --pcr and --from-quote")
+	case len(f.pcrs) == 0 && f.fromQuote == "" && f.signer == "":
+		return cli.Usagef("give the state to approve: --pcr 7=HEX, --from-quote FILE, or --signer to read it from the key's TPM")
+	case (f.ak != "" || f.nonce != "") && f.fromQuote == "":
+		return cli.Usagef("--ak and --nonce apply to --from-quote")
+	}
+	return nil
+}
+
+// state returns the PCR state to approve from exactly one source: --pcr,
+// --from-quote, or else the TPM of --signer (read over the key's bound
+// selection).
+func (f *approveFlags) state(ctx context.Context, env *environment, stderr io.Writer, b tpm.Binding) ([]int, [][]byte, string, error) {
+	switch {
+	case len(f.pcrs) == 0 && f.fromQuote == "":
+		uri, err := tpm.WithPCRs(f.signer, b.PCRs())
+		if err != nil {
+			return nil, nil, "", cli.Usage(err)
+		}
+		pcrs, vals, err := env.tpmBackend(stderr).ReadPCRValues(ctx, uri)
 		return pcrs, vals, "tpm", err
 	case f.fromQuote != "":
 		pcrs, vals, err := f.quoted()
@@ -249,6 +397,9 @@ func parsePCRValues(items []string) ([]int, [][]byte, error) {
 		pcrs = append(pcrs, p)
 	}
 	slices.Sort(pcrs)
+	if _, err := tpm.ParsePCRs(pcrList(pcrs)); err != nil {
+		return nil, nil, cli.Usage(err) // a resettable PCR
+	}
 	vals := make([][]byte, len(pcrs))
 	for i, p := range pcrs {
 		vals[i] = byPCR[p]
@@ -282,6 +433,15 @@ func (f *approveFlags) quoted() ([]int, [][]byte, error) {
 		return nil, nil, fmt.Errorf("%s: %w; nothing was approved", f.fromQuote, err)
 	}
 	return pcrs, vals, nil
+}
+
+// pcrList renders a PCR selection as --pcrs and pcrs= take it: "7,11".
+func pcrList(pcrs []int) string {
+	s := make([]string, len(pcrs))
+	for i, p := range pcrs {
+		s[i] = strconv.Itoa(p)
+	}
+	return strings.Join(s, ",")
 }
 
 // readSmall reads a file of at most 1 MiB.
@@ -449,6 +609,17 @@ func printSignedPolicy(w io.Writer, r *tpm.PolicyReport) {
 	}
 	for _, a := range r.Authorities {
 		fmt.Fprintf(w, "authority:    sha256 %s, TPM name %s\n", a.Fingerprint, a.Name)
+		if a.SystemdFingerprint != "" {
+			fmt.Fprintf(w, "              systemd-measure pkfp %s\n", a.SystemdFingerprint)
+		}
+	}
+	bound := "not bound"
+	if len(r.BoundPCRs) > 0 {
+		bound = "sha256:" + pcrList(r.BoundPCRs)
+	}
+	fmt.Fprintf(w, "key policy:   %s, policyRef %q, PCR selection %s\n", r.Binding, r.PolicyRef, bound)
+	if r.Warning != "" {
+		fmt.Fprintf(w, "WARNING:      %s\n", r.Warning)
 	}
 	fmt.Fprintf(w, "approvals:    %s (%d usable)\n", r.ApprovalsDir, r.Approvals)
 	pcrs := make([]string, 0, len(r.PCRValues))

@@ -49,17 +49,47 @@ func readCerts(path, what string) ([]*x509.Certificate, error) {
 	return certs, nil
 }
 
-// accepted reads accepted-cas.crt next to --ca when present: the daemon
-// verifies issuer.crt to os-ca.crt and those CAs.
-func (f statusFlags) accepted() ([]*x509.Certificate, error) {
+// accepted reads accepted-cas.crt next to --ca when present and keeps
+// the CAs its trust statement vouches for, as the daemon does (it serves
+// and verifies issuer.crt to os-ca.crt and those alone); the others are
+// named on stderr.
+func (f statusFlags) accepted(stderr io.Writer) ([]*x509.Certificate, error) {
 	if f.ca == "" {
 		return nil, nil
 	}
-	path := filepath.Join(filepath.Dir(f.ca), certdir.FileAcceptedCAs)
+	dir := filepath.Dir(f.ca)
+	path := filepath.Join(dir, certdir.FileAcceptedCAs)
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
-	return readCerts(path, "accepted CAs")
+	caPEM, err := os.ReadFile(f.ca)
+	if err != nil {
+		return nil, fmt.Errorf("read CA certificate: %w", err)
+	}
+	acceptedPEM, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read accepted CAs: %w", err)
+	}
+	statement, err := os.ReadFile(filepath.Join(dir, certdir.FileTrustStatement))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read the trust statement: %w", err)
+	}
+	t, err := certdir.ParseTrust(caPEM, acceptedPEM, statement)
+	if err != nil {
+		return nil, err
+	}
+	warnUnvouched(stderr, t)
+	return t.Bundle[1:], nil
+}
+
+// warnUnvouched names the accepted CAs the daemon would not serve.
+func warnUnvouched(stderr io.Writer, t *certdir.Trust) {
+	if t.StatementErr != nil {
+		fmt.Fprintf(stderr, "warning: %v\n", t.StatementErr)
+	}
+	for _, c := range t.Unvouched {
+		fmt.Fprintf(stderr, "warning: %s holds CA %s (%s) that the root does not vouch for: the daemon does not serve it; vouch with `trust add` or remove it\n", certdir.FileAcceptedCAs, pki.CertFingerprint(c), c.Subject)
+	}
 }
 
 // inputs reads --ca and the receipts directory (--dir, default the
@@ -106,7 +136,7 @@ func statusCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			accepted, err := f.accepted()
+			accepted, err := f.accepted(stderr)
 			if err != nil {
 				return err
 			}

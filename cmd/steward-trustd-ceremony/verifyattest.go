@@ -163,7 +163,12 @@ func (e *expectFlags) expectations(ctx context.Context, env *environment, stderr
 	if err != nil {
 		return nil, err
 	}
-	pol, err := tpm.SignedPolicyDigest(pubs)
+	// The key's policyRef binds its PCR selection (v2): the expected one.
+	b, err := tpm.BindingForPCRs([]int{attestation.DefaultPCR})
+	if err != nil {
+		return nil, err
+	}
+	pol, err := tpm.SignedPolicyDigestFor(pubs, b)
 	if err != nil {
 		return nil, err
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/harden"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
@@ -32,6 +33,8 @@ import (
 var version = "dev"
 
 func main() {
+	// Before anything reads a token, a PIN or a key.
+	harden.AtStart(os.Stderr, "steward-trustd-gencreds")
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

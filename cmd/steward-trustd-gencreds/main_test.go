@@ -84,8 +84,8 @@ func TestGenerate(t *testing.T) {
 				want = []string{"127.0.0.1", "localhost"}
 			}
 			checkServes(t, srv, ca, want)
-			if tok := readOutput(t, dir, "token"); len(tok) != 64 {
-				t.Errorf("token length %d, want 64 hex chars", len(tok))
+			if tok := readOutput(t, dir, "token"); len(tok) != 65 || tok[64] != '\n' {
+				t.Errorf("token file %q, want 64 hex chars and a newline", tok)
 			}
 			checkSecret(t, dir)
 			if got := signer.AlgorithmName(key.Public()); got != tt.alg {

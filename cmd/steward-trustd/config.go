@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -62,6 +63,8 @@ func settings() []setting {
 		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "hard bound on requests holding or waiting for the signer; beyond it the worker seen last gets ResourceExhausted at once (default 1024)", false},
 		{"signer-wait", "TRUSTD_SIGNER_WAIT", "deadline of a request that carries none; a request waits for the signer until its deadline and reaches it only if it can finish by then (default 2s)", false},
 		{"reload-interval", "TRUSTD_RELOAD_INTERVAL", "how often the cert dir is checked for changes (default 5s)", false},
+		{"root-sha256", "TRUSTD_ROOT_SHA256", "comma-separated SHA-256 fingerprints of the DER of the roots os-ca.crt may be (default: any; tiered setup: pin it, as nothing else does at start)", false},
+		{"token-reload-force", "TRUSTD_TOKEN_RELOAD_FORCE", "let a hot reload install a token file that keeps none of the running tokens (default false: refused, every worker would fail; a restart always takes the file)", false},
 		{"ready-window", "TRUSTD_READY_WINDOW", "the signer counts as ready for this long after a good signature; idle, it is probed every half window (default 30s)", false},
 		{"max-authenticated-per-prefix", "TRUSTD_MAX_AUTHENTICATED_PER_PREFIX", "connections of one prefix (see connection-prefixes) that count as authenticated at once; beyond it requests are served on evictable connections (default half of max-connections)", false},
 		{"connection-prefixes-v4", "TRUSTD_CONNECTION_PREFIXES_V4", "comma-separated IPv4 prefix lengths over which the busiest clients are counted besides single addresses (default 24,16)", false},
@@ -89,7 +92,9 @@ func registerFlags(fs *pflag.FlagSet) {
 }
 
 // isBoolSetting tells the settings that are true or false.
-func isBoolSetting(flag string) bool { return flag == "debug" || flag == "require-peer-ip" }
+func isBoolSetting(flag string) bool {
+	return flag == "debug" || flag == "require-peer-ip" || flag == "token-reload-force"
+}
 
 // lookup returns a setting's value: the flag if given, else the environment.
 type lookup func(name string) (string, bool)
@@ -119,6 +124,7 @@ type config struct {
 	caPEM      []byte // inline CA certificate; nil means <cert-dir>/os-ca.crt
 	issuer     []byte // inline issuer chain; nil means issuerFile, else <cert-dir>/issuer.crt if present
 	issuerFile string
+	rootPins   []string
 	token      []byte // inline token; nil means <cert-dir>/token
 	srvCrt     []byte
 	srvKey     []byte
@@ -131,6 +137,7 @@ type config struct {
 	conns          server.ConnLimits
 	reloadInterval time.Duration
 	readyWindow    time.Duration
+	tokenForce     bool
 }
 
 // configError names the setting at fault, so the daemon exits with one
@@ -195,6 +202,12 @@ func loadListen(c *config, get lookup) error {
 // loadInline reads the cert dir, the signer and the inline credentials.
 func loadInline(c *config, get lookup) error {
 	if v, ok := get("cert-dir"); ok && v != "" {
+		// The reloader re-reads files by name for as long as the daemon
+		// runs; a relative path would follow whatever working directory
+		// the service manager chose.
+		if !filepath.IsAbs(v) {
+			return bad("cert-dir", "%q is a relative path: give the absolute path, e.g. %s or \"$PWD/%s\"", v, defaultCertDir, filepath.Clean(v))
+		}
 		c.certDir = filepath.Clean(v)
 	}
 	var err error
@@ -211,6 +224,9 @@ func loadInline(c *config, get lookup) error {
 	}
 	if (c.srvCrt == nil) != (c.srvKey == nil) {
 		return bad("server-key", "the serving certificate and key must be given together (TRUSTD_SERVER_CRT and TRUSTD_SERVER_KEY)")
+	}
+	if c.rootPins, err = rootPins(get); err != nil {
+		return err
 	}
 	if v, ok := get("token"); ok && v != "" {
 		// Comma-separated tokens become the token file's one per line.
@@ -229,6 +245,9 @@ func loadInline(c *config, get lookup) error {
 func loadPolicy(c *config, get lookup) error {
 	var err error
 	if c.peerIP, err = boolSetting(get, "require-peer-ip"); err != nil {
+		return err
+	}
+	if c.tokenForce, err = boolSetting(get, "token-reload-force"); err != nil {
 		return err
 	}
 	if v, ok := get("cert-sans"); ok {
@@ -386,4 +405,20 @@ func base64Setting(get lookup, name string) ([]byte, error) {
 		return nil, bad(name, "value is not valid base64")
 	}
 	return b, nil
+}
+
+// rootPins parses TRUSTD_ROOT_SHA256: hex SHA-256 fingerprints (as
+// `openssl x509 -in os-ca.crt -outform der | sha256sum` prints them,
+// colons allowed), lower-cased.
+func rootPins(get lookup) ([]string, error) {
+	v, _ := get("root-sha256")
+	var pins []string
+	for _, p := range cli.SplitList(v) {
+		p = strings.ToLower(strings.ReplaceAll(p, ":", ""))
+		if _, err := hex.DecodeString(p); err != nil || len(p) != 64 {
+			return nil, bad("root-sha256", "%q is not a SHA-256 fingerprint (64 hex digits)", p)
+		}
+		pins = append(pins, p)
+	}
+	return pins, nil
 }

@@ -44,6 +44,8 @@ func TestLoadConfig(t *testing.T) {
 		{name: "bad queue", env: map[string]string{"TRUSTD_SIGNER_QUEUE": "-3"}, wantErr: "TRUSTD_SIGNER_QUEUE"},
 		{name: "bad wait", env: map[string]string{"TRUSTD_SIGNER_WAIT": "1ns"}, wantErr: "TRUSTD_SIGNER_WAIT"},
 		{name: "bad port", env: map[string]string{"TRUSTD_PORT": "70000"}, wantErr: "TRUSTD_PORT"},
+		{name: "relative cert dir", env: map[string]string{"TRUSTD_CERT_DIR": "certs"}, wantErr: `"certs" is a relative path: give the absolute path`},
+		{name: "relative cert dir flag", flags: []string{"--cert-dir=./certs/"}, wantErr: "--cert-dir / $TRUSTD_CERT_DIR"},
 		{name: "bad listen", env: map[string]string{"TRUSTD_LISTEN_ADDRESS": "example.com"}, wantErr: "TRUSTD_LISTEN_ADDRESS"},
 		{name: "bad bool", env: map[string]string{"TRUSTD_DEBUG": "yes please"}, wantErr: "TRUSTD_DEBUG"},
 		{name: "bad cidr", env: map[string]string{"TRUSTD_ALLOWED_SAN_CIDRS": "10.0.0.0/33"}, wantErr: "TRUSTD_ALLOWED_SAN_CIDRS"},
@@ -72,6 +74,20 @@ func TestLoadConfig(t *testing.T) {
 }
 
 // configCase is one configuration and what loading it must give.
+// TestLoadConfigTrust covers the root pin and the forced token reload.
+func TestLoadConfigTrust(t *testing.T) {
+	runConfigCases(t, []configCase{
+		{name: "bad root pin", env: map[string]string{"TRUSTD_ROOT_SHA256": "abc"}, wantErr: "TRUSTD_ROOT_SHA256"},
+		{name: "bad token force", env: map[string]string{"TRUSTD_TOKEN_RELOAD_FORCE": "maybe"}, wantErr: "TRUSTD_TOKEN_RELOAD_FORCE"},
+		{name: "root pins and token force", env: map[string]string{"TRUSTD_ROOT_SHA256": strings.Repeat("AB:", 31) + "AB, " + strings.Repeat("0", 64), "TRUSTD_TOKEN_RELOAD_FORCE": "true"},
+			check: func(t *testing.T, c *config) {
+				if len(c.rootPins) != 2 || c.rootPins[0] != strings.Repeat("ab", 32) || !c.tokenForce {
+					t.Fatalf("pins %v force %v", c.rootPins, c.tokenForce)
+				}
+			}},
+	})
+}
+
 type configCase struct {
 	name    string
 	env     map[string]string

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net"
@@ -71,4 +72,28 @@ func appendUnique(out []string, hs ...string) []string {
 		}
 	}
 	return out
+}
+
+// warnMissingSANs warns, once at start, when a serving certificate of the
+// operator's own (server.crt, or TRUSTD_SERVER_CRT) does not name every
+// entry of TRUSTD_CERT_SANS: such a certificate wins over the setting, and
+// a worker dialling a missing name or address fails its TLS check.
+func warnMissingSANs(leaf *x509.Certificate, sans []string, log *slog.Logger) {
+	if missing := missingSANs(leaf, sans); len(missing) > 0 {
+		log.Warn("the loaded serving certificate (server.crt) does not name these TRUSTD_CERT_SANS entries, and workers dialling them will refuse it: "+
+			"re-issue it with those names (steward-trustd-ceremony server-cert --san …), or remove server.crt and server.key so that the daemon issues its own with TRUSTD_CERT_SANS",
+			"missing", missing, "dns", leaf.DNSNames, "ips", leaf.IPAddresses)
+	}
+}
+
+// missingSANs lists the entries of sans leaf is not valid for, checked as
+// a worker checks the address it dialled (x509's VerifyHostname).
+func missingSANs(leaf *x509.Certificate, sans []string) []string {
+	var missing []string
+	for _, s := range sans {
+		if leaf.VerifyHostname(s) != nil {
+			missing = append(missing, s)
+		}
+	}
+	return missing
 }

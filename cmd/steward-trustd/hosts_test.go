@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net"
@@ -62,5 +63,31 @@ func TestServingHosts(t *testing.T) {
 				t.Fatalf("want warning %v, got %d lines: %s", tc.wantWarn, lines, logs.String())
 			}
 		})
+	}
+}
+
+// TestWarnMissingSANs: a server.crt of the operator's own that lacks a
+// TRUSTD_CERT_SANS entry is named once at start, with the way out.
+func TestWarnMissingSANs(t *testing.T) {
+	leaf := &x509.Certificate{DNSNames: []string{"trustd.example.com"}, IPAddresses: []net.IP{net.ParseIP("10.0.0.5"), net.ParseIP("fd00::5")}}
+	tests := []struct {
+		name    string
+		sans    []string
+		missing []string
+	}{
+		{"all named", []string{"10.0.0.5", "TRUSTD.example.com", "fd00:0::5"}, nil},
+		{"none set", nil, nil},
+		{"load balancer and endpoint missing", []string{"10.0.0.5", "203.0.113.10", "kube.example.com"}, []string{"203.0.113.10", "kube.example.com"}},
+	}
+	for _, tt := range tests {
+		var logs bytes.Buffer
+		warnMissingSANs(leaf, tt.sans, slog.New(slog.NewTextHandler(&logs, nil)))
+		if got := missingSANs(leaf, tt.sans); !slices.Equal(got, tt.missing) {
+			t.Errorf("%s: missing %v, want %v", tt.name, got, tt.missing)
+		}
+		warned := strings.Contains(logs.String(), "does not name these TRUSTD_CERT_SANS entries") && strings.Contains(logs.String(), "remove server.crt and server.key")
+		if warned != (len(tt.missing) > 0) || strings.Count(logs.String(), "level=WARN") > 1 {
+			t.Errorf("%s: log %q", tt.name, logs.String())
+		}
 	}
 }

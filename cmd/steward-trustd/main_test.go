@@ -30,6 +30,7 @@ func TestCommandLine(t *testing.T) {
 		{"unknown flag", []string{"--nope"}, nil, cli.ExitUsage, "", "unknown flag: --nope"},
 		{"bad flag value", []string{"--port", "x"}, nil, cli.ExitUsage, "", `"x" is not a TCP port (--port / $TRUSTD_PORT)`},
 		{"bad variable", nil, map[string]string{"TRUSTD_PORT": "70000"}, cli.ExitUsage, "", "$TRUSTD_PORT"},
+		{"relative cert dir", nil, map[string]string{"TRUSTD_CERT_DIR": "certs"}, cli.ExitUsage, "", "(--cert-dir / $TRUSTD_CERT_DIR)"},
 		// A bare --debug does not swallow the next flag: the port is what fails.
 		{"bare debug", []string{"--debug", "--port", "0"}, nil, cli.ExitUsage, "", `"0" is not a TCP port`},
 		{"bare require-peer-ip", []string{"-require-peer-ip", "-port=0"}, nil, cli.ExitUsage, "", `"0" is not a TCP port`},
@@ -51,5 +52,21 @@ func TestCommandLine(t *testing.T) {
 				t.Errorf("stdout %q / stderr %q, want %q / %q", out.String(), errb.String(), tt.stdout, tt.stderr)
 			}
 		})
+	}
+}
+
+// TestHelpShowsNoSecrets: flags have no environment-derived defaults, so
+// --help never prints the token or a key given in the environment.
+func TestHelpShowsNoSecrets(t *testing.T) {
+	secrets := map[string]string{"TRUSTD_TOKEN": "tok-s3cret-4242", "TRUSTD_OS_CA_KEY": "a2V5LXMzY3JldC00MjQy", "TRUSTD_SERVER_KEY": "c2VydmVyLXMzY3JldA=="}
+	getenv := func(k string) (string, bool) { v, ok := secrets[k]; return v, ok }
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"--help"}, &out, &errb, getenv); code != cli.ExitOK {
+		t.Fatalf("--help exit %d: %s", code, errb.String())
+	}
+	for name, v := range secrets {
+		if strings.Contains(out.String()+errb.String(), v) {
+			t.Errorf("--help shows $%s", name)
+		}
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/backends"
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/server"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
@@ -97,12 +100,14 @@ func newDaemon(cfg *config, sgn signer.Signer, log *slog.Logger) (*daemon, error
 // the SecurityService and the reloader.
 func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server.Service, *server.CertHolder, error) {
 	cfg := d.cfg
-	dir := server.CertDir{Dir: cfg.certDir, Token: cfg.token, CACert: cfg.caPEM, IssuerChain: cfg.issuer, IssuerFile: cfg.issuerFile, SignerPublic: sgn.Public()}
+	dir := server.CertDir{Dir: cfg.certDir, Token: cfg.token, CACert: cfg.caPEM, IssuerChain: cfg.issuer, IssuerFile: cfg.issuerFile, SignerPublic: sgn.Public(), RootPins: cfg.rootPins}
 	creds, credsDigest, err := dir.Credentials()
 	if err != nil {
 		return nil, nil, err
 	}
 	server.LogIssuer(d.log, creds, time.Now())
+	server.LogTrust(d.log, creds, metrics)
+	server.LogTokenFile(d.log, creds)
 	svc, err := server.New(server.Config{
 		Signer:      sgn,
 		Credentials: creds,
@@ -127,7 +132,7 @@ func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server
 	if d.selfIssuer != nil {
 		d.readiness.Observe(nil) // that was a real signature: no readiness probe needed on a slow TPM
 	}
-	d.reloader = &server.Reloader{Dir: dir, Service: svc, Metrics: metrics, Logger: d.log}
+	d.reloader = &server.Reloader{Dir: dir, Service: svc, Metrics: metrics, Logger: d.log, ForceTokenReplace: cfg.tokenForce}
 	if d.selfIssuer == nil && cfg.srvCrt == nil {
 		d.reloader.Holder = holder
 	}
@@ -199,8 +204,9 @@ func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener) error {
 }
 
 func openSigner(ctx context.Context, cfg *config, log *slog.Logger) (signer.Signer, error) {
+	ctx = signer.WithKeyRole(ctx, cfg.signerRole())
 	if cfg.inlineCA != nil {
-		return (&file.Backend{Logger: log}).FromPEM(cfg.inlineCA, "$TRUSTD_OS_CA_KEY")
+		return (&file.Backend{Logger: log}).FromPEM(ctx, cfg.inlineCA, "$TRUSTD_OS_CA_KEY")
 	}
 	reg, err := backends.Registry(log)
 	if err != nil {
@@ -235,6 +241,7 @@ func setupServingCert(cfg *config, dir server.CertDir, holder *server.CertHolder
 		if _, err := c.Leaf.Verify(servedChainOptions(c, svc.Credentials().Pool())); err != nil {
 			log.Warn("serving certificate does not chain to the OS CA or accepted CAs; workers will refuse it", "error", err)
 		}
+		warnMissingSANs(c.Leaf, cfg.certSANs, log)
 		holder.Set(c)
 		m.SetServingExpiry(c.Leaf.NotAfter, time.Now())
 		log.Info("serving certificate loaded", "dns", c.Leaf.DNSNames, "ips", c.Leaf.IPAddresses, "not_after", c.Leaf.NotAfter)
@@ -264,4 +271,17 @@ func servedChainOptions(c *tls.Certificate, roots *x509.CertPool) x509.VerifyOpt
 		}
 	}
 	return opts
+}
+
+// signerRole is the signing key's role: a tiered node's intermediate when
+// an issuer chain is configured or present in the cert dir, else the OS
+// CA. Messages about the key (a file key's warning) name it.
+func (c *config) signerRole() signer.KeyRole {
+	if c.issuer != nil || c.issuerFile != "" {
+		return signer.RoleIntermediate
+	}
+	if _, err := os.Stat(filepath.Join(c.certDir, certdir.FileIssuerChain)); err == nil {
+		return signer.RoleIntermediate
+	}
+	return signer.RoleOSCA
 }

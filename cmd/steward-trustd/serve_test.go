@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
@@ -177,4 +178,29 @@ func request(t *testing.T, addr string, caPEM []byte, token string) error {
 		Csr: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
 	})
 	return err
+}
+
+// TestSignerRole: the daemon's key is an intermediate when an issuer chain
+// is configured or lies in the cert dir, else the OS CA; a file key's
+// warning names it so.
+func TestSignerRole(t *testing.T) {
+	withChain := t.TempDir()
+	if err := os.WriteFile(filepath.Join(withChain, certdir.FileIssuerChain), []byte("chain"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		cfg  config
+		want signer.KeyRole
+	}{
+		{"single tier", config{certDir: t.TempDir()}, signer.RoleOSCA},
+		{"issuer.crt in the cert dir", config{certDir: withChain}, signer.RoleIntermediate},
+		{"inline chain", config{certDir: t.TempDir(), issuer: []byte("chain")}, signer.RoleIntermediate},
+		{"chain file", config{certDir: t.TempDir(), issuerFile: "/n/a.crt"}, signer.RoleIntermediate},
+	}
+	for _, tt := range tests {
+		if got := tt.cfg.signerRole(); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
+		}
+	}
 }

@@ -42,7 +42,18 @@ func TestVerifySignedPolicyKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pcr7, err := tpm.BindingForPCRs([]int{7})
+	if err != nil {
+		t.Fatal(err)
+	}
 	digest := func(k *ecdsa.PrivateKey) []byte {
+		d, err := tpm.SignedPolicyDigestFor([]crypto.PublicKey{&k.PublicKey}, pcr7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	v1 := func(k *ecdsa.PrivateKey) []byte {
 		d, err := tpm.SignedPolicyDigest([]crypto.PublicKey{&k.PublicKey})
 		if err != nil {
 			t.Fatal(err)
@@ -57,6 +68,7 @@ func TestVerifySignedPolicyKey(t *testing.T) {
 		{"its authority", [][]byte{digest(auth)}, ""},
 		{"expected PCR-bound", nil, attestation.CheckKeyPolicy},
 		{"another authority", [][]byte{digest(other)}, attestation.CheckKeyPolicy},
+		{"its authority, v1 policy (selection not bound)", [][]byte{v1(auth)}, attestation.CheckKeyPolicy},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -31,6 +31,11 @@ type Options struct {
 	AuthPolicies [][]byte
 	// PCRDigest, when set, is the expected (golden) creation PCR digest.
 	PCRDigest []byte
+	// PCRs, when PCRDigest is not set, is the sha256 PCR selection the key
+	// must have been created with (and, for a signed-policy key, bound in
+	// its policyRef); nil means DefaultPCR alone. Callers check it with
+	// tpm.ParsePCRs, which refuses software-resettable PCRs.
+	PCRs []int
 	// Now is the time the EK certificate must be valid at; zero means
 	// time.Now().
 	Now time.Time
@@ -215,6 +220,9 @@ func checkPolicy(_ *Evidence, o Options, v *verified) error {
 	if o.PCRDigest != nil && !bytes.Equal(o.PCRDigest, v.creation.PCRDigest.Buffer) {
 		return refuse(CheckPCRDigest, "creation PCR digest %x is not the expected %x", v.creation.PCRDigest.Buffer, o.PCRDigest)
 	}
+	if want := expectedPCRs(o); o.PCRDigest == nil && !slices.Equal(v.res.PCRs, want) {
+		return refuse(CheckPCRDigest, "the key was created over sha256 PCRs %v, not the expected %v: without a golden --pcr-digest the selection must be the expected one", v.res.PCRs, want)
+	}
 	if len(o.AuthPolicies) > 0 {
 		if !slices.ContainsFunc(o.AuthPolicies, func(p []byte) bool { return bytes.Equal(p, got) }) {
 			return refuse(CheckKeyPolicy, "authPolicy %x is none of the expected signed-policy digests", got)
@@ -232,6 +240,18 @@ func checkPolicy(_ *Evidence, o Options, v *verified) error {
 		return refuse(CheckKeyPolicy, "authPolicy %x is not PolicyPCR(creation PCRs) → CC(Sign) = %x", got, want)
 	}
 	return nil
+}
+
+// DefaultPCR is the creation PCR selection Verify expects when neither
+// Options.PCRDigest nor Options.PCRs says otherwise: PCR 7, the Secure Boot
+// state, the TPM backend's default.
+const DefaultPCR = 7
+
+func expectedPCRs(o Options) []int {
+	if o.PCRs != nil {
+		return o.PCRs
+	}
+	return []int{DefaultPCR}
 }
 
 // PCRPolicy is the digest of PolicyPCR(sel, pcrDigest) →

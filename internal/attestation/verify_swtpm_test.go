@@ -159,6 +159,7 @@ func TestVerifyRefuses(t *testing.T) {
 		{"tampered creation data", func(e *attestation.Evidence, _ *attestation.Options) { e.CreationData = flip(e.CreationData, 8) }, attestation.CheckCreationHash},
 		{"wrong policy", func(_ *attestation.Evidence, o *attestation.Options) { o.AuthPolicies = [][]byte{qd("policy")} }, attestation.CheckKeyPolicy},
 		{"wrong PCR values", func(_ *attestation.Evidence, o *attestation.Options) { o.PCRDigest = qd("golden") }, attestation.CheckPCRDigest},
+		{"another PCR selection expected", func(_ *attestation.Evidence, o *attestation.Options) { o.PCRs = []int{7, 11} }, attestation.CheckPCRDigest},
 		{"key differs from the CSR's", func(_ *attestation.Evidence, o *attestation.Options) { o.PublicKey = &other.PublicKey }, attestation.CheckKeyMatch},
 	}
 	for _, tc := range cases {

@@ -72,8 +72,9 @@ func parseCAs(data []byte) ([]*x509.Certificate, error) {
 	return certs, nil
 }
 
-// ReadBundle reads os-ca.crt and accepted-cas.crt (which may be missing)
-// from r and returns ParseBundle of them.
+// ReadBundle reads os-ca.crt, accepted-cas.crt and its trust statement
+// (both may be missing) from r and returns the root and the bundle the
+// daemon serves: ParseTrust of them.
 func ReadBundle(r Reader) (*x509.Certificate, []*x509.Certificate, error) {
 	caPEM, err := r.ReadFile(FileCACert)
 	if err != nil {
@@ -83,7 +84,15 @@ func ReadBundle(r Reader) (*x509.Certificate, []*x509.Certificate, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return ParseBundle(caPEM, acceptedPEM)
+	statement, err := readOptional(r, FileTrustStatement)
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := ParseTrust(caPEM, acceptedPEM, statement)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t.CA, t.Bundle, nil
 }
 
 // ClientTrust is the `ca` bundle of a talosconfig, with which talosctl

@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // File names of the certificate directory and of the ceremony's other
@@ -43,6 +44,10 @@ const (
 	FileToken = "token"
 	// FileAcceptedCAs holds CAs trusted besides os-ca.crt (during a rotation).
 	FileAcceptedCAs = "accepted-cas.crt"
+	// FileTrustStatement is the root's signed statement naming the CAs
+	// of accepted-cas.crt it vouches for (TrustStatement); the daemon
+	// serves no other accepted CA.
+	FileTrustStatement = "accepted-cas.statement.json"
 	// FileNextCACert is the new CA of a rotation in progress.
 	FileNextCACert = "os-ca.next.crt"
 	// FileKubernetesSecret is the Secret manifest for the daemon's cert dir.
@@ -63,6 +68,39 @@ func NewToken(r io.Reader) (string, error) {
 		return "", fmt.Errorf("generate token: %w", err)
 	}
 	return hex.EncodeToString(b), nil
+}
+
+// TokenLines returns the tokens of a token file: one per line, surrounding
+// space trimmed, blank lines skipped — the daemon's reading.
+func TokenLines(content string) []string {
+	var out []string
+	for line := range strings.Lines(content) {
+		if t := strings.TrimSpace(line); t != "" {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// TokenFile renders a token file: every token of content on a line of its
+// own, each ending with a newline, so that `openssl rand -hex 32 >> token`
+// adds a line rather than lengthening the last token.
+func TokenFile(content string) []byte {
+	var b strings.Builder
+	for _, t := range TokenLines(content) {
+		b.WriteString(t + "\n")
+	}
+	return []byte(b.String())
+}
+
+// NewestToken is the token a worker patch carries: the last line of the
+// token file, where a rotation appends the new token. Empty without one.
+func NewestToken(content string) string {
+	lines := TokenLines(content)
+	if len(lines) == 0 {
+		return ""
+	}
+	return lines[len(lines)-1]
 }
 
 // Reader reads a file of a certificate directory by name; a missing file

@@ -83,7 +83,8 @@ func TestParseBundle(t *testing.T) {
 }
 
 func TestReadBundleAndClientTrust(t *testing.T) {
-	a, b, next := newCA(t, "a"), newCA(t, "b"), newCA(t, "next")
+	aKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	a, b, next := newSignedCA(t, aKey), newCA(t, "b"), newCA(t, "next")
 	dir := t.TempDir()
 	d := OSDir(dir)
 	if _, _, err := ReadBundle(d); !errors.Is(err, fs.ErrNotExist) {
@@ -100,8 +101,18 @@ func TestReadBundleAndClientTrust(t *testing.T) {
 	}
 	write(FileAcceptedCAs, b)
 	write(FileNextCACert, next)
+	if _, bundle, err := ReadBundle(d); err != nil || len(bundle) != 1 {
+		t.Fatalf("with accepted-cas.crt the root did not vouch for: %d, %v", len(bundle), err)
+	}
+	statement, err := SignTrustStatement(aKey, rand.Reader, NewTrustStatement(a, 1, time.Now(), []*x509.Certificate{b}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, FileTrustStatement), statement, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, bundle, err := ReadBundle(d); err != nil || len(bundle) != 2 {
-		t.Fatalf("with accepted-cas.crt: %d, %v", len(bundle), err)
+		t.Fatalf("with accepted-cas.crt vouched for: %d, %v", len(bundle), err)
 	}
 	// A talosconfig signed by the next CA trusts every CA of the directory.
 	trust, err := ClientTrust(next, d)
@@ -166,5 +177,24 @@ func TestNewToken(t *testing.T) {
 	}
 	if _, err := NewToken(bytes.NewReader(make([]byte, TokenBytes-1))); err == nil {
 		t.Error("short randomness accepted")
+	}
+}
+
+func TestTokenFile(t *testing.T) {
+	tests := []struct {
+		content, file, newest string
+	}{
+		{"abc", "abc\n", "abc"},
+		{"abc\n", "abc\n", "abc"},
+		{" abc \r\n\n def\n", "abc\ndef\n", "def"},
+		{"\n \n", "", ""},
+	}
+	for _, tt := range tests {
+		if got := string(TokenFile(tt.content)); got != tt.file {
+			t.Errorf("TokenFile(%q) = %q, want %q", tt.content, got, tt.file)
+		}
+		if got := NewestToken(tt.content); got != tt.newest {
+			t.Errorf("NewestToken(%q) = %q, want %q", tt.content, got, tt.newest)
+		}
 	}
 }

@@ -255,7 +255,48 @@ func checkRPC(ctx context.Context, r *Report, o Options, tlsCfg *tls.Config, add
 	r.add(Step{Name: "token", Target: label, OK: true, Detail: "accepted"})
 	crt := resp.Cert
 	r.add(Step{Name: "csr", Target: label, OK: true, Detail: fmt.Sprintf("issued %q by %q, valid until %s", crt.Subject, crt.Issuer, crt.NotAfter.UTC().Format(time.RFC3339))})
+	if !checkIssued(r, label, resp.CertPEM, o.TalosctlCA, localIP.String()) {
+		return
+	}
 	checkBundle(r, label, resp.Bundle, o.TalosctlCA)
+}
+
+// checkIssued verifies the issued certificate as talosctl verifies the
+// apid that serves it: the whole crt (leaf, then any issuer chain, which
+// apid serves as it is) to talosctl's CA, for ServerAuth, with ServerName =
+// the node address talosctl dials — here the address this check's CSR
+// named.
+func checkIssued(r *Report, label string, crtPEM []byte, ca *x509.Certificate, nodeAddr string) bool {
+	chain, err := pki.ParseCertificates(crtPEM)
+	if err != nil {
+		return r.add(Step{Name: "talosctl verify", Target: label, Detail: err.Error(), Hint: responseHint(workerclient.PartCert)})
+	}
+	leaf := chain[0]
+	opts := x509.VerifyOptions{Roots: workerclient.Roots(ca), Intermediates: workerclient.Roots(chain[1:]...), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	if _, err := leaf.Verify(opts); err != nil {
+		return r.add(Step{Name: "talosctl verify", Target: label, Detail: "x509: " + strings.TrimPrefix(err.Error(), "x509: "), Hint: issuedChainHint(err, ca)})
+	}
+	if err := leaf.VerifyHostname(nodeAddr); err != nil {
+		return r.add(Step{Name: "talosctl verify", Target: label, Detail: err.Error(),
+			Hint: fmt.Sprintf("the issued certificate does not name the node address %s that its CSR asked for, so talosctl would refuse apid there: in the tiered setup the intermediate's --permitted-ip-ranges must cover every worker address (re-sign it with intermediate sign)", nodeAddr)})
+	}
+	return r.add(Step{Name: "talosctl verify", Target: label, OK: true,
+		Detail: fmt.Sprintf("apid serving this certificate (%d certificate(s)) verifies for ServerAuth at %s to %q, as talosctl checks it", len(chain), nodeAddr, ca.Subject)})
+}
+
+// issuedChainHint explains an issued certificate talosctl would refuse.
+func issuedChainHint(err error, ca *x509.Certificate) string {
+	var ua x509.UnknownAuthorityError
+	var ci x509.CertificateInvalidError
+	switch {
+	case errors.As(err, &ua):
+		return fmt.Sprintf("the issued certificate does not chain to %q, the CA talosctl trusts (the talosconfig's ca): the daemon signs under another CA, or in the tiered setup its issuer.crt is missing from the response — check the daemon's os-ca.crt and issuer.crt", ca.Subject)
+	case errors.As(err, &ci) && ci.Reason == x509.Expired:
+		return "the issued certificate is not valid now: check the clocks of this host and the daemon's, and the expiry of os-ca.crt and issuer.crt"
+	case errors.As(err, &ci) && ci.Reason == x509.CANotAuthorizedForThisName:
+		return "the issued certificate names an address outside the intermediate's name constraints (--permitted-ip-ranges): talosctl refuses the chain; widen the ranges and re-sign the intermediate"
+	}
+	return "talosctl would refuse apid serving this certificate"
 }
 
 // responseHint explains a response a worker could not use.

@@ -78,6 +78,11 @@ func CheckServerAuthCA(c *x509.Certificate) error {
 	if !c.IsCA || !c.BasicConstraintsValid {
 		return fmt.Errorf("certificate %q is not a CA", c.Subject)
 	}
+	// Go's verifier ignores KeyUsage; OpenSSL and others refuse a CA
+	// without keyCertSign (RFC 5280 §4.2.1.3, §6.1.4 (n)).
+	if c.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return fmt.Errorf("CA %q lacks keyUsage keyCertSign (RFC 5280 §4.2.1.3), so verifiers other than Go's refuse what it signs: re-issue it with steward-trustd-ceremony intermediate sign, which sets it", c.Subject)
+	}
 	switch {
 	case len(c.ExtKeyUsage) == 0 && len(c.UnknownExtKeyUsage) == 0:
 		return fmt.Errorf("CA %q has no ExtKeyUsage: a client certificate issued under it would be accepted by apid; issue it with EKU exactly [ServerAuth]", c.Subject)
@@ -95,8 +100,9 @@ func CheckServerAuthCA(c *x509.Certificate) error {
 // own certificate first, then any further intermediates, the root
 // excluded. pub must be the first certificate's key; every certificate
 // must pass CheckServerAuthCA; the first must have path length 0; each
-// must be issued by the next; and the chain must verify at now for
-// ServerAuth to one of roots (os-ca.crt and accepted-cas.crt).
+// must be issued by the next; the chain must verify at now for ServerAuth
+// to one of roots (os-ca.crt and accepted-cas.crt); and no certificate may
+// outlive that root.
 func CheckIssuerChain(chain, roots []*x509.Certificate, pub crypto.PublicKey, now time.Time) error {
 	if len(chain) == 0 {
 		return errors.New("no certificate")
@@ -115,7 +121,29 @@ func CheckIssuerChain(chain, roots []*x509.Certificate, pub crypto.PublicKey, no
 	if first := chain[0]; first.MaxPathLen != 0 || !first.MaxPathLenZero {
 		return fmt.Errorf("CA %q must have path length 0 (it issues leaves only)", first.Subject)
 	}
-	return verifyChain(chain, roots, now)
+	verified, err := verifyChain(chain, roots, now)
+	if err != nil {
+		return err
+	}
+	return checkWithinRoot(verified)
+}
+
+// checkWithinRoot refuses a certificate that outlives the root it
+// verifies to: Go checks each certificate's validity at one instant, so
+// such a chain passes today and stops working the day the root expires,
+// while the intermediate still looks valid for longer. (A certificate
+// outliving an intermediate above it is the operator's staggering; issued
+// leaves are clamped to the chain's earliest NotAfter.) verified runs from
+// chain[0] to the root.
+func checkWithinRoot(verified []*x509.Certificate) error {
+	root := verified[len(verified)-1]
+	for _, c := range verified[:len(verified)-1] {
+		if c.NotAfter.After(root.NotAfter) {
+			return fmt.Errorf("certificate %q expires %s, after the root %q (%s): the chain stops working when the root expires; re-issue it with steward-trustd-ceremony intermediate sign (it never signs beyond the root), or rotate the root first",
+				c.Subject, c.NotAfter.UTC().Format(time.RFC3339), root.Subject, root.NotAfter.UTC().Format(time.RFC3339))
+		}
+	}
+	return nil
 }
 
 // checkChainLink refuses a root inside the chain and a chain out of
@@ -133,7 +161,9 @@ func checkChainLink(chain []*x509.Certificate, i int, roots []*x509.Certificate)
 	return nil
 }
 
-func verifyChain(chain, roots []*x509.Certificate, now time.Time) error {
+// verifyChain verifies chain to one of roots for ServerAuth at now and
+// returns the verified path, chain[0] first and the root last.
+func verifyChain(chain, roots []*x509.Certificate, now time.Time) ([]*x509.Certificate, error) {
 	opts := x509.VerifyOptions{
 		Roots:         x509.NewCertPool(),
 		Intermediates: x509.NewCertPool(),
@@ -146,10 +176,11 @@ func verifyChain(chain, roots []*x509.Certificate, now time.Time) error {
 	for _, c := range chain[1:] {
 		opts.Intermediates.AddCert(c)
 	}
-	if _, err := chain[0].Verify(opts); err != nil {
-		return fmt.Errorf("does not verify to a CA of %s or %s: %w", "os-ca.crt", "accepted-cas.crt", err)
+	paths, err := chain[0].Verify(opts)
+	if err != nil {
+		return nil, fmt.Errorf("does not verify to a CA of %s or %s: %w", "os-ca.crt", "accepted-cas.crt", err)
 	}
-	return nil
+	return paths[0], nil
 }
 
 // IssuerNotAfter is when an issuer chain stops working: the earliest

@@ -6,6 +6,8 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
+	"math/big"
 	"net"
 	"strings"
 	"testing"
@@ -109,6 +111,8 @@ func TestCheckIssuerChain(t *testing.T) {
 		{"pathlen 1", []*x509.Certificate{bad(func(c *x509.Certificate) { c.MaxPathLen, c.MaxPathLenZero = 1, false })}, "path length 0"},
 		{"no pathlen", []*x509.Certificate{bad(func(c *x509.Certificate) { c.MaxPathLen, c.MaxPathLenZero = -1, false })}, "path length 0"},
 		{"not a CA", []*x509.Certificate{bad(func(c *x509.Certificate) { c.IsCA, c.MaxPathLenZero = false, false })}, "not a CA"},
+		{"no keyCertSign", []*x509.Certificate{bad(func(c *x509.Certificate) { c.KeyUsage = x509.KeyUsageDigitalSignature })}, "lacks keyUsage keyCertSign"},
+		{"outlives the root", []*x509.Certificate{outliving(t, tr, now)}, "after the root"},
 		{"root included", []*x509.Certificate{tr.inter, tr.root}, "is a root"},
 		{"another root's", []*x509.Certificate{other.inter}, "not the signer key's"},
 	}
@@ -125,4 +129,62 @@ func TestCheckIssuerChain(t *testing.T) {
 	if err := CheckIssuerChain([]*x509.Certificate{tr.inter}, []*x509.Certificate{tr.root}, tr.interKey.Public(), tr.inter.NotAfter.Add(time.Hour)); err == nil {
 		t.Error("an expired intermediate passed")
 	}
+}
+
+// outliving signs tr's intermediate key with the intermediate profile but
+// a NotAfter an hour past the root's, as a hand-made issuer.crt could
+// (issue() clamps to the issuer, so x509.CreateCertificate directly).
+func outliving(t *testing.T, tr tier, now time.Time) *x509.Certificate {
+	t.Helper()
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "outliving"},
+		NotBefore: now.Add(-time.Minute), NotAfter: tr.root.NotAfter.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
+		KeyUsage: x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tr.root, tr.interKey.Public(), tr.rootKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestNameConstraintsBindACompromisedIntermediate: an intermediate signed
+// with IP name constraints can still sign a leaf for any address (that is
+// what a compromised node would do), but Go's verifier — talosctl's —
+// refuses the chain for an address outside the ranges.
+func TestNameConstraintsBindACompromisedIntermediate(t *testing.T) {
+	now := time.Now()
+	_, ranges, _ := net.ParseCIDR("10.0.0.0/8")
+	tr := newTier(t, now, IntermediateOptions{PermittedIPRanges: []*net.IPNet{ranges}})
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tests := []struct {
+		ip      string
+		wantErr bool
+	}{{"10.5.0.2", false}, {"192.168.1.1", true}, {"127.0.0.1", true}}
+	for _, tt := range tests {
+		is, err := NewWorkerCertificate(tr.inter, tr.interKey, WorkerRequest{Subject: pkix.Name{CommonName: "w"}, IPs: []net.IP{net.ParseIP(tt.ip)}, PublicKey: leafKey.Public()}, time.Hour, now, rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := x509.ParseCertificate(is.Raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = leaf.Verify(x509.VerifyOptions{Roots: pool(tr.root), Intermediates: pool(tr.inter), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+		var ci x509.CertificateInvalidError
+		if tt.wantErr != (err != nil) || tt.wantErr && (!errors.As(err, &ci) || ci.Reason != x509.CANotAuthorizedForThisName) {
+			t.Errorf("leaf for %s: %v, want refused: %v", tt.ip, err, tt.wantErr)
+		}
+	}
+}
+
+func pool(certs ...*x509.Certificate) *x509.CertPool {
+	p := x509.NewCertPool()
+	for _, c := range certs {
+		p.AddCert(c)
+	}
+	return p
 }

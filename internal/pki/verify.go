@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 )
 
 // VerifySignature checks sig over msg with pub the way the ceremony has a
@@ -30,4 +31,14 @@ func VerifySignature(pub crypto.PublicKey, msg, sig []byte) error {
 		return nil
 	}
 	return fmt.Errorf("unsupported public key type %T", pub)
+}
+
+// SignMessage has s sign msg the way VerifySignature checks it: SHA-256
+// and the hash named for ECDSA and RSA, the message itself for Ed25519.
+func SignMessage(s crypto.Signer, r io.Reader, msg []byte) ([]byte, error) {
+	if _, ok := s.Public().(ed25519.PublicKey); ok {
+		return s.Sign(r, msg, crypto.Hash(0))
+	}
+	sum := sha256.Sum256(msg)
+	return s.Sign(r, sum[:], crypto.SHA256)
 }

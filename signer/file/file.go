@@ -27,6 +27,7 @@ import (
 	"strings"
 
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
+	"github.com/steward-trustd/steward-trustd/internal/harden"
 	"github.com/steward-trustd/steward-trustd/internal/secretmount"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -84,7 +85,7 @@ func URI(path string) string {
 
 // Open implements signer.Backend. It refuses a key file that group or
 // others may read, but for a Kubernetes Secret mount (checkMode).
-func (b *Backend) Open(_ context.Context, uri string) (signer.Signer, error) {
+func (b *Backend) Open(ctx context.Context, uri string) (signer.Signer, error) {
 	path, err := ParseURI(uri)
 	if err != nil {
 		return nil, err
@@ -107,15 +108,36 @@ func (b *Backend) Open(_ context.Context, uri string) (signer.Signer, error) {
 	if err := b.checkMode(path, f, st); err != nil {
 		return nil, err
 	}
-	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	data, err := b.readLocked(f, st.Size())
 	if err != nil {
 		return nil, fmt.Errorf("open key %s: %w", path, err)
 	}
+	defer func() { clear(data); harden.Unlock(data) }()
 	key, err := ParsePrivateKeyPEM(data)
 	if err != nil {
 		return nil, fmt.Errorf("open key %s: %w", path, err)
 	}
-	return b.newSigner(key, path)
+	return b.newSigner(ctx, key, path)
+}
+
+// readLocked reads the key file into one buffer of its size, locked in
+// RAM first (harden.Lock) so the PEM never reaches swap; the caller
+// zeroes it after parsing. Go's crypto keeps the parsed key on the heap,
+// which no single lock covers: see README, "Core dumps and swap".
+func (b *Backend) readLocked(f *os.File, size int64) ([]byte, error) {
+	if size > harden.MaxLocked {
+		return nil, fmt.Errorf("%d bytes is too large for a PEM key file (limit %d)", size, harden.MaxLocked)
+	}
+	data := make([]byte, size)
+	if err := harden.Lock(data); err != nil && b.Logger != nil {
+		b.Logger.Warn("the CA key file's bytes could not be locked in memory and may reach swap", "error", err)
+	}
+	if _, err := io.ReadFull(f, data); err != nil {
+		clear(data)
+		harden.Unlock(data)
+		return nil, err
+	}
+	return data, nil
 }
 
 // checkMode refuses a key file that group or others may read, except a
@@ -138,12 +160,12 @@ func (b *Backend) checkMode(path string, f *os.File, st fs.FileInfo) error {
 
 // FromPEM returns a signer for a PEM key that arrived some other way than
 // a key file (e.g. an environment variable); location says where, for logs.
-func (b *Backend) FromPEM(data []byte, location string) (signer.Signer, error) {
+func (b *Backend) FromPEM(ctx context.Context, data []byte, location string) (signer.Signer, error) {
 	key, err := ParsePrivateKeyPEM(data)
 	if err != nil {
 		return nil, fmt.Errorf("key from %s: %w", location, err)
 	}
-	return b.newSigner(key, location)
+	return b.newSigner(ctx, key, location)
 }
 
 // Generate implements signer.Backend: it writes a new PKCS#8 PEM key, mode
@@ -161,20 +183,20 @@ func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm
 	if err != nil {
 		return nil, err
 	}
-	return b.write(path, key)
+	return b.write(ctx, path, key)
 }
 
 // Import implements signer.Backend: it writes key as a PKCS#8 PEM file.
 // A file cannot make a key non-extractable; Describe says so.
-func (b *Backend) Import(_ context.Context, uri string, key crypto.Signer) (signer.Signer, error) {
+func (b *Backend) Import(ctx context.Context, uri string, key crypto.Signer) (signer.Signer, error) {
 	path, err := ParseURI(uri)
 	if err != nil {
 		return nil, err
 	}
-	return b.write(path, key)
+	return b.write(ctx, path, key)
 }
 
-func (b *Backend) write(path string, key crypto.Signer) (signer.Signer, error) {
+func (b *Backend) write(ctx context.Context, path string, key crypto.Signer) (signer.Signer, error) {
 	pemBytes, err := MarshalPrivateKeyPEM(key)
 	if err != nil {
 		return nil, err
@@ -185,7 +207,7 @@ func (b *Backend) write(path string, key crypto.Signer) (signer.Signer, error) {
 		}
 		return nil, fmt.Errorf("write key: %w", err)
 	}
-	return b.newSigner(key, path)
+	return b.newSigner(ctx, key, path)
 }
 
 // GenerateKey creates a software key of the given algorithm.
@@ -265,14 +287,15 @@ func parseDER(typ string, der []byte) (crypto.Signer, error) {
 	return nil, fmt.Errorf("unsupported private key type %T", key)
 }
 
-func (b *Backend) newSigner(key crypto.Signer, path string) (*Signer, error) {
+// newSigner wraps key; its warning names the key's role from ctx.
+func (b *Backend) newSigner(ctx context.Context, key crypto.Signer, path string) (*Signer, error) {
 	pub := key.Public()
 	fp, err := signer.Fingerprint(pub)
 	if err != nil {
 		return nil, err
 	}
 	if b.Logger != nil {
-		b.Logger.Warn("the OS CA private key is held in process memory (file signer); use a tpm: or pkcs11: key URI to keep it on a device",
+		b.Logger.Warn("the "+string(signer.KeyRoleOf(ctx))+" private key is held in process memory (file signer); use a tpm: or pkcs11: key URI to keep it on a device",
 			"path", path, "fingerprint", fp)
 	}
 	return &Signer{key: key, desc: signer.Description{

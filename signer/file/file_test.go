@@ -175,3 +175,43 @@ func FuzzParseURI(f *testing.F) {
 		}
 	})
 }
+
+// TestWarningNamesTheKeysRole: the in-memory warning says which key it is
+// about — the OS CA, an intermediate, a policy authority — from the
+// context it was opened with, "CA" when that says nothing.
+func TestWarningNamesTheKeysRole(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "k")
+	if _, err := (&Backend{}).Generate(context.Background(), URI(p), signer.ECDSAP256); err != nil {
+		t.Fatal(err)
+	}
+	pemKey, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		role signer.KeyRole
+		want string
+	}{
+		{signer.RoleOSCA, "the OS CA private key"},
+		{signer.RoleIntermediate, "the intermediate CA private key"},
+		{signer.RoleAuthority, "the policy authority private key"},
+		{"", "the CA private key"},
+	}
+	for _, tt := range tests {
+		var logs bytes.Buffer
+		b := &Backend{Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+		ctx := context.Background()
+		if tt.role != "" {
+			ctx = signer.WithKeyRole(ctx, tt.role)
+		}
+		if _, err := b.Open(ctx, URI(p)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.FromPEM(ctx, pemKey, "$TRUSTD_OS_CA_KEY"); err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(logs.String(), tt.want+" is held in process memory"); n != 2 {
+			t.Errorf("role %q: %d warnings naming it, want 2 (Open, FromPEM): %s", tt.role, n, logs.String())
+		}
+	}
+}

@@ -21,10 +21,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
-// DefaultMaxSessions bounds the sessions one Signer opens when
-// Backend.MaxSessions is zero.
-const DefaultMaxSessions = 8
-
 // maxPINFileBytes bounds what is read from a pin-source file.
 const maxPINFileBytes = 4096
 
@@ -216,15 +212,11 @@ func (b *Backend) newSigner(u *URI, pin string, mod *module, c conn) (*Signer, e
 	if err != nil {
 		return nil, err
 	}
-	maxSessions := b.MaxSessions
-	if maxSessions <= 0 {
-		maxSessions = DefaultMaxSessions
+	tokenMax := uint(p11.CK_UNAVAILABLE_INFORMATION)
+	if ti, err := ctx.GetTokenInfo(c.slot); err == nil {
+		tokenMax = ti.MaxSessionCount
 	}
-	if ti, err := ctx.GetTokenInfo(c.slot); err == nil && ti.MaxSessionCount != p11.CK_EFFECTIVELY_INFINITE &&
-		ti.MaxSessionCount != p11.CK_UNAVAILABLE_INFORMATION && ti.MaxSessionCount > 1 && int(ti.MaxSessionCount)-1 < maxSessions {
-		// One session is the anchor.
-		maxSessions = int(ti.MaxSessionCount) - 1
-	}
+	maxSessions := sessionLimit(b.MaxSessions, tokenMax)
 	s := &Signer{
 		mod:    mod,
 		mods:   &b.mods,
@@ -265,7 +257,7 @@ func (b *Backend) Generate(_ context.Context, uri string, alg signer.Algorithm) 
 				errors.Is(err, p11.Error(p11.CKR_DOMAIN_PARAMS_INVALID)) {
 				return nil, fmt.Errorf("pkcs11: the token cannot generate %s: %w: %w", alg, signer.ErrUnsupportedAlgorithm, err)
 			}
-			return nil, wrap("C_GenerateKeyPair", err)
+			return nil, generateError(err)
 		}
 		return []p11.ObjectHandle{priv, pub}, nil
 	}, nil)

@@ -306,7 +306,10 @@ func ecPublic(ctx *p11.Ctx, sh p11.SessionHandle, obj p11.ObjectHandle, keyType 
 
 // privateKeyTemplate is the attribute set every key this backend creates
 // gets (PKCS#11 v2.40 §4.9): on the token, private, sensitive, not
-// extractable, for signing only.
+// extractable, for signing only. Encryption usages are switched off only
+// for RSA (rsaNoCrypt): EC and Edwards keys have no encrypt, decrypt,
+// wrap or unwrap mechanism (v2.40 §2.3, v3.0 §2.3.6), and tpm2-pkcs11
+// refuses an EC template that mentions them (CKR_GENERAL_ERROR).
 func privateKeyTemplate(id []byte, label string) []*p11.Attribute {
 	t := []*p11.Attribute{
 		p11.NewAttribute(p11.CKA_TOKEN, true),
@@ -314,8 +317,6 @@ func privateKeyTemplate(id []byte, label string) []*p11.Attribute {
 		p11.NewAttribute(p11.CKA_SENSITIVE, true),
 		p11.NewAttribute(p11.CKA_EXTRACTABLE, false),
 		p11.NewAttribute(p11.CKA_SIGN, true),
-		p11.NewAttribute(p11.CKA_DECRYPT, false),
-		p11.NewAttribute(p11.CKA_UNWRAP, false),
 		p11.NewAttribute(p11.CKA_DERIVE, false),
 		p11.NewAttribute(p11.CKA_ID, id),
 	}
@@ -330,14 +331,24 @@ func publicKeyTemplate(id []byte, label string) []*p11.Attribute {
 		p11.NewAttribute(p11.CKA_TOKEN, true),
 		p11.NewAttribute(p11.CKA_PRIVATE, false),
 		p11.NewAttribute(p11.CKA_VERIFY, true),
-		p11.NewAttribute(p11.CKA_ENCRYPT, false),
-		p11.NewAttribute(p11.CKA_WRAP, false),
 		p11.NewAttribute(p11.CKA_ID, id),
 	}
 	if label != "" {
 		t = append(t, p11.NewAttribute(p11.CKA_LABEL, label))
 	}
 	return t
+}
+
+// rsaNoCrypt switches off the encryption usages of an RSA key pair, which
+// a sign-only CA key must not have: the public and the private parts.
+func rsaNoCrypt() (pub, priv []*p11.Attribute) {
+	return []*p11.Attribute{
+			p11.NewAttribute(p11.CKA_ENCRYPT, false),
+			p11.NewAttribute(p11.CKA_WRAP, false),
+		}, []*p11.Attribute{
+			p11.NewAttribute(p11.CKA_DECRYPT, false),
+			p11.NewAttribute(p11.CKA_UNWRAP, false),
+		}
 }
 
 // generateParams returns the mechanism and the algorithm-specific public
@@ -353,11 +364,12 @@ func generateParams(alg signer.Algorithm) (*p11.Mechanism, []*p11.Attribute, []*
 			[]*p11.Attribute{p11.NewAttribute(p11.CKA_EC_PARAMS, paramsForCurve(c))}, nil, nil
 	case signer.RSA2048, signer.RSA3072, signer.RSA4096:
 		bits := map[signer.Algorithm]int{signer.RSA2048: 2048, signer.RSA3072: 3072, signer.RSA4096: 4096}[alg]
+		pubNo, privNo := rsaNoCrypt()
 		return p11.NewMechanism(p11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
-			[]*p11.Attribute{
+			append([]*p11.Attribute{
 				p11.NewAttribute(p11.CKA_MODULUS_BITS, bits),
 				p11.NewAttribute(p11.CKA_PUBLIC_EXPONENT, big.NewInt(rsaPublicExponent).Bytes()),
-			}, nil, nil
+			}, pubNo...), privNo, nil
 	case signer.Ed25519:
 		return p11.NewMechanism(ckmECEdwardsKeyPairGen, nil),
 			[]*p11.Attribute{p11.NewAttribute(p11.CKA_EC_PARAMS, []byte(ed25519OIDDER))}, nil, nil
@@ -406,7 +418,8 @@ func importAttrs(key crypto.Signer) (priv, pub []*p11.Attribute, err error) {
 		}
 		k.Precompute()
 		e := big.NewInt(int64(k.E)).Bytes()
-		return []*p11.Attribute{
+		pubNo, privNo := rsaNoCrypt()
+		return append([]*p11.Attribute{
 				p11.NewAttribute(p11.CKA_CLASS, p11.CKO_PRIVATE_KEY),
 				p11.NewAttribute(p11.CKA_KEY_TYPE, p11.CKK_RSA),
 				p11.NewAttribute(p11.CKA_MODULUS, k.N.Bytes()),
@@ -417,12 +430,12 @@ func importAttrs(key crypto.Signer) (priv, pub []*p11.Attribute, err error) {
 				p11.NewAttribute(p11.CKA_EXPONENT_1, k.Precomputed.Dp.Bytes()),
 				p11.NewAttribute(p11.CKA_EXPONENT_2, k.Precomputed.Dq.Bytes()),
 				p11.NewAttribute(p11.CKA_COEFFICIENT, k.Precomputed.Qinv.Bytes()),
-			}, []*p11.Attribute{
+			}, privNo...), append([]*p11.Attribute{
 				p11.NewAttribute(p11.CKA_CLASS, p11.CKO_PUBLIC_KEY),
 				p11.NewAttribute(p11.CKA_KEY_TYPE, p11.CKK_RSA),
 				p11.NewAttribute(p11.CKA_MODULUS, k.N.Bytes()),
 				p11.NewAttribute(p11.CKA_PUBLIC_EXPONENT, e),
-			}, nil
+			}, pubNo...), nil
 	case ed25519.PrivateKey:
 		if len(k) != ed25519.PrivateKeySize {
 			return nil, nil, fmt.Errorf("pkcs11: Ed25519 private key of %d bytes", len(k))

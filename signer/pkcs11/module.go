@@ -153,8 +153,8 @@ func (m *module) findSlot(u *URI) (uint, p11.TokenInfo, error) {
 		if err != nil {
 			return 0, p11.TokenInfo{}, wrap("C_GetInfo", err)
 		}
-		if !libraryMatches(u, info) {
-			return 0, p11.TokenInfo{}, fmt.Errorf("pkcs11: module %s does not match the URI's library attributes: %w", m.path, signer.ErrDeviceUnavailable)
+		if miss := libraryMismatches(u, info); len(miss) > 0 {
+			return 0, p11.TokenInfo{}, fmt.Errorf("pkcs11: module %s does not match the URI's library attributes (%s); fix or drop them: %w", m.path, strings.Join(miss, ", "), signer.ErrDeviceUnavailable)
 		}
 	}
 	slots, err := ctx.GetSlotList(true)
@@ -163,29 +163,19 @@ func (m *module) findSlot(u *URI) (uint, p11.TokenInfo, error) {
 	}
 	var found []uint
 	var foundInfo p11.TokenInfo
+	var misses []string
 	for _, id := range slots {
-		if u.SlotID != nil && *u.SlotID != id {
+		ti, miss := m.slotMismatches(u, id)
+		if len(miss) > 0 {
+			misses = append(misses, fmt.Sprintf("slot %d: %s", id, strings.Join(miss, ", ")))
 			continue
-		}
-		ti, err := ctx.GetTokenInfo(id)
-		if err != nil {
-			continue // a token that went away while we looked
-		}
-		if ti.Flags&p11.CKF_TOKEN_INITIALIZED == 0 || !tokenMatches(u, ti) {
-			continue
-		}
-		if u.SlotDescription != "" || u.SlotManufacturer != "" {
-			si, err := ctx.GetSlotInfo(id)
-			if err != nil || !field(u.SlotDescription, si.SlotDescription) || !field(u.SlotManufacturer, si.ManufacturerID) {
-				continue
-			}
 		}
 		found = append(found, id)
 		foundInfo = ti
 	}
 	switch len(found) {
 	case 0:
-		return 0, p11.TokenInfo{}, fmt.Errorf("pkcs11: no initialised token matches %s in module %s: %w", tokenSelector(u), m.path, signer.ErrDeviceUnavailable)
+		return 0, p11.TokenInfo{}, noTokenError(u, m.path, misses)
 	case 1:
 		return found[0], foundInfo, nil
 	}
@@ -206,28 +196,77 @@ func tokenSelector(u *URI) string {
 	return strings.Join(parts, ";")
 }
 
-// field compares a URI attribute with a blank-padded CK_UTF8CHAR field
-// (PKCS#11 v2.40 §3.2: padded with blanks, not NUL-terminated).
-func field(want, got string) bool {
-	return want == "" || want == strings.TrimRight(got, " \x00")
-}
-
-func tokenMatches(u *URI, ti p11.TokenInfo) bool {
-	return field(u.Token, ti.Label) && field(u.Manufacturer, ti.ManufacturerID) &&
-		field(u.Model, ti.Model) && field(u.Serial, ti.SerialNumber)
-}
-
-func libraryMatches(u *URI, info p11.Info) bool {
-	if !field(u.LibraryManufacturer, info.ManufacturerID) || !field(u.LibraryDescription, info.LibraryDescription) {
-		return false
+// slotMismatches returns slot id's token info and every reason it does
+// not match u, one "attribute: URI says ..., token has ..." per attribute;
+// none means it matches.
+func (m *module) slotMismatches(u *URI, id uint) (p11.TokenInfo, []string) {
+	if u.SlotID != nil && *u.SlotID != id {
+		return p11.TokenInfo{}, []string{fmt.Sprintf("slot-id: URI says %d", *u.SlotID)}
 	}
+	ti, err := m.ctx.GetTokenInfo(id)
+	if err != nil {
+		// A token that went away while we looked.
+		return ti, []string{"C_GetTokenInfo: " + err.Error()}
+	}
+	if ti.Flags&p11.CKF_TOKEN_INITIALIZED == 0 {
+		return ti, []string{"token not initialised"}
+	}
+	miss := tokenMismatches(u, ti)
+	if u.SlotDescription != "" || u.SlotManufacturer != "" {
+		si, err := m.ctx.GetSlotInfo(id)
+		if err != nil {
+			return ti, append(miss, "C_GetSlotInfo: "+err.Error())
+		}
+		miss = append(miss, mismatches([]attrCheck{
+			{"slot-description", u.SlotDescription, si.SlotDescription},
+			{"slot-manufacturer", u.SlotManufacturer, si.ManufacturerID},
+		})...)
+	}
+	return ti, miss
+}
+
+// maxReportedSlots bounds the slots a no-match error describes.
+const maxReportedSlots = 8
+
+// noTokenError says that no token matched, and why for each slot, so that
+// the operator sees which attribute to fix. Token attribute values are
+// not secret (the PIN is a query attribute and is never compared).
+func noTokenError(u *URI, path string, misses []string) error {
+	why := "the module reports no slot with a token"
+	if len(misses) > 0 {
+		if len(misses) > maxReportedSlots {
+			misses = append(misses[:maxReportedSlots], fmt.Sprintf("and %d more slots", len(misses)-maxReportedSlots))
+		}
+		why = strings.Join(misses, "; ")
+	}
+	return fmt.Errorf("pkcs11: no initialised token matches %s in module %s (%s); fix the URI's attributes (p11tool --provider %s --list-tokens shows each token's URI): %w",
+		tokenSelector(u), path, why, path, signer.ErrDeviceUnavailable)
+}
+
+func tokenMismatches(u *URI, ti p11.TokenInfo) []string {
+	return mismatches([]attrCheck{
+		{"token", u.Token, ti.Label},
+		{"manufacturer", u.Manufacturer, ti.ManufacturerID},
+		{"model", u.Model, ti.Model},
+		{"serial", u.Serial, ti.SerialNumber},
+	})
+}
+
+// libraryMismatches is tokenMismatches for the library attributes
+// (C_GetInfo).
+func libraryMismatches(u *URI, info p11.Info) []string {
+	miss := mismatches([]attrCheck{
+		{"library-manufacturer", u.LibraryManufacturer, info.ManufacturerID},
+		{"library-description", u.LibraryDescription, info.LibraryDescription},
+	})
 	if u.LibraryVersion == "" {
-		return true
+		return miss
 	}
 	// RFC 7512 §2.3: "library-version=2" matches any 2.x.
 	maj, minor, hasMinor := strings.Cut(u.LibraryVersion, ".")
-	if maj != fmt.Sprint(info.LibraryVersion.Major) {
-		return false
+	if maj != fmt.Sprint(info.LibraryVersion.Major) ||
+		hasMinor && strings.TrimLeft(minor, "0") != strings.TrimLeft(fmt.Sprint(info.LibraryVersion.Minor), "0") {
+		miss = append(miss, fmt.Sprintf("library-version: URI says %s, module has %d.%d", u.LibraryVersion, info.LibraryVersion.Major, info.LibraryVersion.Minor))
 	}
-	return !hasMinor || strings.TrimLeft(minor, "0") == strings.TrimLeft(fmt.Sprint(info.LibraryVersion.Minor), "0")
+	return miss
 }

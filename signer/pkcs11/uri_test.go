@@ -148,6 +148,9 @@ func FuzzParseURI(f *testing.F) {
 		"pkcs11:serial=abc;object=a&b=c;type=private?" + mp + "&pin-value=1234&allow-extractable=true",
 		"pkcs11:slot-id=42;object=k;library-version=2.6?" + mp + "&pin-source=/p",
 		"pkcs11:token=My%20Token;id=%DE%AD?" + mp + "&pin-source=file:///run/pin",
+		p11toolTPMURI + "?" + mp + "&pin-source=/p",
+		"pkcs11:model=IBM%20SoftTok%20%20%20;token=trustd%00;object=k?" + mp + "&pin-value=1",
+		"pkcs11:token=%00%20%00;object=k?" + mp + "&pin-value=1",
 		"pkcs11:token=t;token=u",
 		"pkcs11:?",
 		"pkcs11:",
@@ -172,6 +175,7 @@ func FuzzParseURI(f *testing.F) {
 		if u.PINValue != "" && strings.Contains(u.String(), "pin-value="+escape(u.PINValue, isQueryChar)) && u.PINValue != "REDACTED" {
 			t.Fatalf("String() %q shows the PIN", u.String())
 		}
+		checkPaddedMatch(t, u)
 		ref := pkcs11uri.New()
 		if err := ref.Parse(in); err != nil {
 			t.Fatalf("go-pkcs11uri refuses what ParseURI accepts: %q: %v", in, err)
@@ -189,4 +193,14 @@ func FuzzParseURI(f *testing.F) {
 			t.Fatalf("module-path: go-pkcs11uri reads %q, ParseURI %q", v, u.ModulePath)
 		}
 	})
+}
+
+// checkPaddedMatch: a token field padded with blanks or NULs matches the
+// URI's value, whatever padding the URI itself carries.
+func checkPaddedMatch(t *testing.T, u *URI) {
+	for _, v := range []string{u.Token, u.Model, u.Serial, u.Manufacturer} {
+		if v != "" && (!field(v, trimField(v)+"  ") || !field(v, trimField(v)+"\x00\x00")) {
+			t.Fatalf("%q does not match its own padded field", v)
+		}
+	}
 }

@@ -34,14 +34,18 @@ type ApprovalFile struct {
 type Approval struct {
 	// PCRs is the sha256 PCR selection of the approved state.
 	PCRs []int `json:"pcrs"`
-	// PKFP is the hex SHA-256 of the authority's DER public key.
+	// PKFP is the hex SHA-256 of the authority's DER SubjectPublicKeyInfo
+	// (ours) or of its PKCS#1 RSAPublicKey (systemd-measure's); both are
+	// accepted.
 	PKFP string `json:"pkfp"`
 	// Pol is the hex PolicyPCR digest (SHA-256 session) of the state.
 	Pol string `json:"pol"`
 	// Sig is the base64 marshalled TPMT_SIGNATURE of the authority over
-	// SHA-256(pol || ref).
+	// SHA-256(pol || ref); the raw RSASSA-PKCS1-v1_5 signature bytes
+	// (systemd-measure's form) are accepted too.
 	Sig string `json:"sig"`
-	// Ref is the policyRef signed with pol (PolicyRef).
+	// Ref is the policyRef signed with pol: the key's (Binding.Ref).
+	// systemd-measure writes none, which is the empty ref.
 	Ref string `json:"ref"`
 	// PCRValues are the approved values, hex by PCR index (informational:
 	// the TPM checks pol, and a reader checks that these give pol).
@@ -64,24 +68,29 @@ type ApprovalMeta struct {
 }
 
 // SignApproval makes an approval of the sha256 PCR state pcrs = values
-// (one 32-byte value per PCR, ascending) by the authority key.
-func SignApproval(authority crypto.Signer, pcrs []int, values [][]byte, meta ApprovalMeta) (*Approval, error) {
+// (one 32-byte value per PCR, ascending) by the authority key, for a key
+// with binding b: it signs b's policyRef, and refuses a selection b does
+// not accept (another selection than a v2 key's, a resettable PCR).
+func SignApproval(authority crypto.Signer, b Binding, pcrs []int, values [][]byte, meta ApprovalMeta) (*Approval, error) {
 	a, err := NewAuthority(authority.Public())
 	if err != nil {
 		return nil, err
+	}
+	if err := b.check(pcrs); err != nil {
+		return nil, fmt.Errorf("approval: %w", err)
 	}
 	pol, err := PCRPolicyDigest(pcrs, values) // checks the selection as checkApproval does
 	if err != nil {
 		return nil, fmt.Errorf("approval: %w", err)
 	}
-	sig, err := signTPMT(authority, a, approvalDigest(pol, PolicyRef))
+	sig, err := signTPMT(authority, a, approvalDigest(pol, b.ref))
 	if err != nil {
 		return nil, fmt.Errorf("approval: the authority's signature: %w", err)
 	}
 	vals := hexValues(pcrs, values)
 	return &Approval{
 		PCRs: pcrs, PKFP: a.Fingerprint(), Pol: hex.EncodeToString(pol),
-		Sig: base64.StdEncoding.EncodeToString(tpm2.Marshal(sig)), Ref: PolicyRef,
+		Sig: base64.StdEncoding.EncodeToString(tpm2.Marshal(sig)), Ref: b.ref,
 		PCRValues: vals, ApprovedBy: meta.ApprovedBy, Note: meta.Note, CreatedAt: meta.CreatedAt.UTC(),
 	}, nil
 }
@@ -110,9 +119,7 @@ func signTPMT(k crypto.Signer, a *Authority, digest []byte) (tpm2.TPMTSignature,
 		if err != nil {
 			return tpm2.TPMTSignature{}, err
 		}
-		return tpm2.TPMTSignature{SigAlg: tpm2.TPMAlgRSASSA, Signature: tpm2.NewTPMUSignature(tpm2.TPMAlgRSASSA, &tpm2.TPMSSignatureRSA{
-			Hash: tpm2.TPMAlgSHA256, Sig: tpm2.TPM2BPublicKeyRSA{Buffer: sig},
-		})}, nil
+		return rsaSignature(sig), nil
 	}
 }
 
@@ -161,17 +168,19 @@ type checkedApproval struct {
 	file      string
 	pcrs      []int
 	pol       []byte
+	ref       string // the key's policyRef, checked; what VerifySignature and PolicyAuthorize name
 	sig       tpm2.TPMTSignature
 	auth      int // index into the key's authorities
 	createdAt time.Time
 }
 
 // parseApprovals decodes an approval file and checks each entry against
-// auths: the ref, that pkfp names one of them, that the signature over
-// SHA-256(pol || ref) verifies, and that pcrValues (if given) give pol.
-// An entry for another authority is an error: an approval that cannot
-// unlock this key is a mistake worth a log line.
-func parseApprovals(file string, data []byte, auths []*Authority) ([]checkedApproval, error) {
+// auths and the key's binding b: the ref and PCR selection, that pkfp
+// names one of auths, that the signature over SHA-256(pol || ref)
+// verifies, and that pcrValues (if given) give pol. An entry for another
+// authority is an error: an approval that cannot unlock this key is a
+// mistake worth a log line.
+func parseApprovals(file string, data []byte, auths []*Authority, b Binding) ([]checkedApproval, error) {
 	if len(data) > MaxApprovalFileSize {
 		return nil, fmt.Errorf("larger than %d bytes", MaxApprovalFileSize)
 	}
@@ -185,7 +194,7 @@ func parseApprovals(file string, data []byte, auths []*Authority) ([]checkedAppr
 	}
 	out := make([]checkedApproval, 0, len(f.SHA256))
 	for i, a := range f.SHA256 {
-		c, err := checkApproval(a, auths)
+		c, err := checkApproval(a, auths, b)
 		if err != nil {
 			return nil, fmt.Errorf("sha256[%d]: %w", i, err)
 		}
@@ -195,38 +204,63 @@ func parseApprovals(file string, data []byte, auths []*Authority) ([]checkedAppr
 	return out, nil
 }
 
-// checkApproval verifies one approval entry against auths.
-func checkApproval(a Approval, auths []*Authority) (checkedApproval, error) {
-	if a.Ref != PolicyRef {
-		return checkedApproval{}, fmt.Errorf("ref %q is not %q", a.Ref, PolicyRef)
+// checkApproval verifies one approval entry against auths and the key's
+// binding b.
+func checkApproval(a Approval, auths []*Authority, b Binding) (checkedApproval, error) {
+	if a.Ref != b.ref {
+		return checkedApproval{}, fmt.Errorf("ref %q is not this key's policyRef %q (key policy %s)", a.Ref, b.ref, b)
 	}
-	pcrs, err := ParsePCRs(pcrList(a.PCRs))
-	if err != nil || len(a.PCRs) == 0 || !slices.Equal(pcrs, a.PCRs) {
+	if len(a.PCRs) == 0 || !slices.IsSorted(a.PCRs) {
 		return checkedApproval{}, fmt.Errorf("pcrs %v: want distinct ascending sha256 PCRs 0-%d", a.PCRs, MaxPCR)
+	}
+	if err := b.check(a.PCRs); err != nil {
+		return checkedApproval{}, err
 	}
 	pol, err := hex.DecodeString(a.Pol)
 	if err != nil || len(pol) != 32 {
 		return checkedApproval{}, errors.New("pol is not a hex SHA-256 digest")
 	}
-	idx := slices.IndexFunc(auths, func(x *Authority) bool { return x.fp == a.PKFP })
+	idx := slices.IndexFunc(auths, func(x *Authority) bool { return x.fp == a.PKFP || x.systemdFP == a.PKFP })
 	if idx < 0 {
 		return checkedApproval{}, fmt.Errorf("signed by %s, which is not an authority of this key", a.PKFP)
 	}
-	raw, err := base64.StdEncoding.DecodeString(a.Sig)
+	sig, err := decodeSignature(auths[idx], a.Sig)
 	if err != nil {
-		return checkedApproval{}, errors.New("sig is not base64")
+		return checkedApproval{}, err
 	}
-	sig, err := tpm2.Unmarshal[tpm2.TPMTSignature](raw)
-	if err != nil {
-		return checkedApproval{}, fmt.Errorf("sig is not a TPMT_SIGNATURE: %w", err)
-	}
-	if err := verifyTPMT(auths[idx], approvalDigest(pol, a.Ref), *sig); err != nil {
+	if err := verifyTPMT(auths[idx], approvalDigest(pol, a.Ref), sig); err != nil {
 		return checkedApproval{}, err
 	}
 	if err := checkPCRValues(a, pol); err != nil {
 		return checkedApproval{}, err
 	}
-	return checkedApproval{pcrs: a.PCRs, pol: pol, sig: *sig, auth: idx, createdAt: a.CreatedAt}, nil
+	return checkedApproval{pcrs: a.PCRs, pol: pol, ref: b.ref, sig: sig, auth: idx, createdAt: a.CreatedAt}, nil
+}
+
+// decodeSignature decodes an approval's sig: a marshalled TPMT_SIGNATURE
+// (ours), or, for an RSA authority, the raw RSASSA-PKCS1-v1_5 signature
+// over SHA-256 that systemd-measure writes (exactly the modulus size; a
+// TPMT_SIGNATURE is 6 bytes longer).
+func decodeSignature(a *Authority, s string) (tpm2.TPMTSignature, error) {
+	raw, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return tpm2.TPMTSignature{}, errors.New("sig is not base64")
+	}
+	if k, ok := a.pub.(*rsa.PublicKey); ok && len(raw) == k.Size() {
+		return rsaSignature(raw), nil
+	}
+	sig, err := tpm2.Unmarshal[tpm2.TPMTSignature](raw)
+	if err != nil {
+		return tpm2.TPMTSignature{}, fmt.Errorf("sig is not a TPMT_SIGNATURE nor a raw RSA signature: %w", err)
+	}
+	return *sig, nil
+}
+
+// rsaSignature wraps a raw RSASSA-PKCS1-v1_5-SHA256 signature for the TPM.
+func rsaSignature(sig []byte) tpm2.TPMTSignature {
+	return tpm2.TPMTSignature{SigAlg: tpm2.TPMAlgRSASSA, Signature: tpm2.NewTPMUSignature(tpm2.TPMAlgRSASSA, &tpm2.TPMSSignatureRSA{
+		Hash: tpm2.TPMAlgSHA256, Sig: tpm2.TPM2BPublicKeyRSA{Buffer: sig},
+	})}
 }
 
 // checkPCRValues checks that the informational pcrValues, if present,

@@ -13,6 +13,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -42,14 +44,24 @@ func authority(t *testing.T, k crypto.Signer) *Authority {
 
 func pcrValue(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
 
-func TestCheckApproval(t *testing.T) {
-	auth, other := p256(t), p256(t)
-	auths := []*Authority{authority(t, auth)}
-	good, err := SignApproval(auth, []int{7, 11}, [][]byte{pcrValue(1), pcrValue(2)}, ApprovalMeta{Note: "n", CreatedAt: time.Unix(0, 0)})
+func mustBinding(t testing.TB, pcrs ...int) Binding {
+	t.Helper()
+	b, err := BindingForPCRs(pcrs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	foreign, err := SignApproval(other, []int{7, 11}, [][]byte{pcrValue(1), pcrValue(2)}, ApprovalMeta{})
+	return b
+}
+
+func TestCheckApproval(t *testing.T) {
+	auth, other := p256(t), p256(t)
+	auths := []*Authority{authority(t, auth)}
+	b := mustBinding(t, 7, 11)
+	good, err := SignApproval(auth, b, []int{7, 11}, [][]byte{pcrValue(1), pcrValue(2)}, ApprovalMeta{Note: "n", CreatedAt: time.Unix(0, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := SignApproval(other, b, []int{7, 11}, [][]byte{pcrValue(1), pcrValue(2)}, ApprovalMeta{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +72,10 @@ func TestCheckApproval(t *testing.T) {
 	}{
 		{"valid", func(*Approval) {}, ""},
 		{"wrong ref", func(a *Approval) { a.Ref = "" }, "ref"},
+		{"v1 ref", func(a *Approval) { a.Ref = PolicyRef }, "ref"},
+		{"ref of another selection", func(a *Approval) { a.Ref = mustBinding(t, 7).Ref() }, "ref"},
+		{"another selection", func(a *Approval) { a.PCRs = []int{7} }, "not the key's"},
+		{"resettable pcr", func(a *Approval) { a.PCRs = []int{7, 16} }, "debug PCR"},
 		{"unsorted pcrs", func(a *Approval) { a.PCRs = []int{11, 7} }, "pcrs"},
 		{"no pcrs", func(a *Approval) { a.PCRs = nil }, "pcrs"},
 		{"pol not hex", func(a *Approval) { a.Pol = "zz" }, "pol"},
@@ -76,7 +92,7 @@ func TestCheckApproval(t *testing.T) {
 			a := *good
 			a.PCRValues = map[string]string{"7": good.PCRValues["7"], "11": good.PCRValues["11"]}
 			tt.change(&a)
-			c, err := checkApproval(a, auths)
+			c, err := checkApproval(a, auths, b)
 			if tt.want == "" {
 				if err != nil || c.auth != 0 || !bytes.Equal(c.pol, mustHex(t, good.Pol)) {
 					t.Fatalf("checkApproval = %+v, %v", c, err)
@@ -105,7 +121,7 @@ func TestApprovalFileFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []crypto.Signer{p256(t), rsaKey} {
-		a, err := SignApproval(k, []int{7}, [][]byte{pcrValue(3)}, ApprovalMeta{ApprovedBy: "ops", Note: "BIOS 1.2.3", CreatedAt: time.Now()})
+		a, err := SignApproval(k, mustBinding(t, 7), []int{7}, [][]byte{pcrValue(3)}, ApprovalMeta{ApprovedBy: "ops", Note: "BIOS 1.2.3", CreatedAt: time.Now()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,12 +139,12 @@ func TestApprovalFileFormat(t *testing.T) {
 				t.Errorf("field %q missing: %s", f, data)
 			}
 		}
-		got, err := parseApprovals("a.json", data, []*Authority{authority(t, k)})
+		got, err := parseApprovals("a.json", data, []*Authority{authority(t, k)}, mustBinding(t, 7))
 		if err != nil || len(got) != 1 || got[0].file != "a.json" {
 			t.Fatalf("parseApprovals = %+v, %v", got, err)
 		}
 		// The signature is over SHA-256(pol || ref).
-		want := sha256.Sum256(append(mustHex(t, a.Pol), PolicyRef...))
+		want := sha256.Sum256(append(mustHex(t, a.Pol), "steward-trustd/os-ca/v2:000080"...))
 		if !bytes.Equal(approvalDigest(mustHex(t, a.Pol), a.Ref), want[:]) {
 			t.Fatal("approval digest is not SHA-256(pol || ref)")
 		}
@@ -138,7 +154,7 @@ func TestApprovalFileFormat(t *testing.T) {
 		"empty":    []byte(`{"sha256":[]}`),
 		"oversize": bytes.Repeat([]byte(" "), MaxApprovalFileSize+1),
 	} {
-		if _, err := parseApprovals(name, data, nil); err == nil {
+		if _, err := parseApprovals(name, data, nil, mustBinding(t, 7)); err == nil {
 			t.Errorf("%s: parsed", name)
 		}
 	}
@@ -224,42 +240,88 @@ func TestAuthorityTemplates(t *testing.T) {
 	}
 }
 
+// TestKeyBlobAuthorizedRoundTrip: a blob under one or two authorities
+// records its binding's policyRef in each PolicyAuthorize statement and
+// gives it back, with the PCR selection a v2 ref binds.
 func TestKeyBlobAuthorizedRoundTrip(t *testing.T) {
-	for _, n := range []int{1, 2} {
-		auths := make([]*Authority, n)
-		for i := range auths {
-			auths[i] = authority(t, p256(t))
+	for _, b := range []Binding{legacyBinding(), mustBinding(t, 7, 11), SystemdBinding()} {
+		for _, n := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s/%d", b.Mode(), n), func(t *testing.T) { checkBlobRoundTrip(t, b, n) })
 		}
-		policy, _, err := authorizedPolicy(auths)
-		if err != nil {
-			t.Fatal(err)
+	}
+}
+
+func checkBlobRoundTrip(t *testing.T, b Binding, n int) {
+	auths := make([]*Authority, n)
+	for i := range auths {
+		auths[i] = authority(t, p256(t))
+	}
+	policy, _, err := authorizedPolicyRef(auths, b.Ref())
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, authorities: auths, binding: b}
+	data, err := blob.marshalPEM("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := parseKeyBlob(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameAuthorities(got.authorities, auths) || got.binding.String() != b.String() || !slices.Equal(got.pcrs, b.PCRs()) {
+		t.Fatalf("round trip changed authorities or binding: %s, pcrs %v", got.binding, got.pcrs)
+	}
+	replayed, err := got.authPolicy()
+	if err != nil || !bytes.Equal(replayed, policy) {
+		t.Fatalf("replayed policy %x, want %x (%v)", replayed, policy, err)
+	}
+	stmts, err := blob.policyStatements()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The draft: the first statement is PolicyAuthorize with TPM2B_PUBLIC
+	// keySign, TPM2B_DIGEST policyRef and an empty TPMT_SIGNATURE.
+	first := stmts[0]
+	if first.CommandCode != int(tpm2.TPMCCPolicyAuthorize) || !bytes.HasSuffix(first.CommandPolicy, append(tpm2.Marshal(tpm2.TPM2BDigest{Buffer: []byte(b.Ref())}), 0x00, 0x10)) {
+		t.Fatalf("first statement %x", first.CommandPolicy)
+	}
+}
+
+// TestBindingRefs: the v2 policyRef names the selection as a 24-bit
+// mask, fits a SHA-256-only TPM's TPM2B_NONCE (32 bytes), and decodes
+// back; refs this backend never makes, and resettable PCRs, are refused.
+func TestBindingRefs(t *testing.T) {
+	for _, tc := range []struct {
+		pcrs []int
+		ref  string
+	}{
+		{[]int{7}, "steward-trustd/os-ca/v2:000080"},
+		{[]int{7, 11}, "steward-trustd/os-ca/v2:000880"},
+		{[]int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19}, "steward-trustd/os-ca/v2:0effff"},
+	} {
+		b := mustBinding(t, tc.pcrs...)
+		if b.Ref() != tc.ref || len(b.Ref()) > 32 || b.Mode() != "v2" {
+			t.Errorf("BindingForPCRs(%v) = %q, want %q (at most 32 bytes)", tc.pcrs, b.Ref(), tc.ref)
 		}
-		blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, authorities: auths}
-		data, err := blob.marshalPEM("test")
-		if err != nil {
-			t.Fatal(err)
+		back, err := bindingOfRef(b.Ref())
+		if err != nil || !slices.Equal(back.PCRs(), tc.pcrs) {
+			t.Errorf("bindingOfRef(%q) = %v, %v", b.Ref(), back, err)
 		}
-		got, err := parseKeyBlob(data)
-		if err != nil {
-			t.Fatal(err)
+	}
+	for _, ref := range []string{"steward-trustd/os-ca/v2:010080", "steward-trustd/os-ca/v2:000000", "steward-trustd/os-ca/v2:00008", "steward-trustd/os-ca/v2:00008G", "steward-trustd/os-ca/v2:0000A0", "other"} {
+		if b, err := bindingOfRef(ref); err == nil {
+			t.Errorf("bindingOfRef(%q) = %v, want an error", ref, b)
 		}
-		if !sameAuthorities(got.authorities, auths) {
-			t.Fatalf("%d authorities: round trip changed them", n)
-		}
-		replayed, err := got.authPolicy()
-		if err != nil || !bytes.Equal(replayed, policy) {
-			t.Fatalf("replayed policy %x, want %x (%v)", replayed, policy, err)
-		}
-		stmts, err := blob.policyStatements()
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The draft: the first statement is PolicyAuthorize with TPM2B_PUBLIC
-		// keySign, TPM2B_DIGEST policyRef and an empty TPMT_SIGNATURE.
-		first := stmts[0]
-		if first.CommandCode != int(tpm2.TPMCCPolicyAuthorize) || !bytes.HasSuffix(first.CommandPolicy, append(tpm2.Marshal(tpm2.TPM2BDigest{Buffer: []byte(PolicyRef)}), 0x00, 0x10)) {
-			t.Fatalf("first statement %x", first.CommandPolicy)
-		}
+	}
+	if b, err := bindingOfRef(PolicyRef); err != nil || b.PCRs() != nil || b.Weakness() == "" {
+		t.Errorf("v1 ref: %v, %v; want a binding of no selection, with a warning", b, err)
+	}
+	if b, err := bindingOfRef(""); err != nil || !b.Systemd() || !slices.Equal(b.PCRs(), []int{SystemdPCR}) {
+		t.Errorf("empty ref: %v, %v; want the systemd binding", b, err)
+	}
+	if err := (Binding{}).check([]int{7}); err == nil {
+		t.Error("the zero Binding accepted a selection")
 	}
 }
 
@@ -298,7 +360,8 @@ func FuzzParseApprovals(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	a, err := SignApproval(k, []int{7}, [][]byte{pcrValue(1)}, ApprovalMeta{})
+	b := mustBinding(f, 7)
+	a, err := SignApproval(k, b, []int{7}, [][]byte{pcrValue(1)}, ApprovalMeta{})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -314,12 +377,12 @@ func FuzzParseApprovals(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		got, err := parseApprovals("f.json", data, auths)
+		got, err := parseApprovals("f.json", data, auths, b)
 		if err != nil {
 			return
 		}
 		for _, c := range got {
-			if verifyTPMT(auths[c.auth], approvalDigest(c.pol, PolicyRef), c.sig) != nil {
+			if c.ref != b.Ref() || !slices.Equal(c.pcrs, []int{7}) || verifyTPMT(auths[c.auth], approvalDigest(c.pol, b.Ref()), c.sig) != nil {
 				t.Fatalf("accepted an approval whose signature does not verify: %+v", c)
 			}
 		}
@@ -346,7 +409,7 @@ func TestSignApprovalRefusesWhatTheSignerRefuses(t *testing.T) {
 			for i := range vals {
 				vals[i] = pcrValue(byte(i))
 			}
-			if _, err := SignApproval(auth, tc.pcrs, vals, ApprovalMeta{}); err == nil || !strings.Contains(err.Error(), "PCRs") {
+			if _, err := SignApproval(auth, legacyBinding(), tc.pcrs, vals, ApprovalMeta{}); err == nil || !strings.Contains(err.Error(), "PCR") {
 				t.Fatalf("SignApproval(%v) = %v, want an error about the PCRs", tc.pcrs, err)
 			}
 		})

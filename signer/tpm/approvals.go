@@ -2,8 +2,10 @@ package tpm
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,39 +19,52 @@ import (
 // for changes (at most; only when the key is used).
 const DefaultApprovalsReload = time.Second
 
-// maxApprovalFiles bounds the files read from an approvals directory.
+// maxApprovalFiles bounds the approval files used from an approvals
+// directory; only files that hold usable approvals count.
 const maxApprovalFiles = 256
+
+// maxApprovalEntries bounds the directory entries one scan looks at
+// (valid or not), so that a directory filled with junk costs a bounded
+// scan; the listing is read in batches of approvalDirBatch, never whole.
+const (
+	maxApprovalEntries = 16 * maxApprovalFiles
+	approvalDirBatch   = 64
+)
 
 // approvalDir keeps the approvals of an approvals directory, re-reading
 // it at most once per interval, by name, size and modification time (as
 // the daemon watches its cert dir), so that a ConfigMap update or a copied
-// file is picked up without a restart. A malformed or tampered file is
-// ignored with one log line (per change of that file); the others are
-// still used. Not safe for concurrent use: the Signer's mutex guards it.
+// file is picked up without a restart. A malformed or tampered file, or a
+// symlink leading out of the directory, is ignored with one log line (per
+// change of that file); the others are still used. Not safe for
+// concurrent use: the Signer's mutex guards it.
 type approvalDir struct {
 	dir      string
 	auths    []*Authority
+	binding  Binding
 	interval time.Duration
 	log      *slog.Logger
 	now      func() time.Time
 
 	lastScan time.Time
 	dirErr   string // the last error reading the directory, for one log line per change
+	capped   bool   // the last scan stopped at a cap, for one log line per change
 	files    map[string]approvalFileState
 	sorted   []checkedApproval // newest first
 }
 
 type approvalFileState struct {
+	target    string // the file read: the name with symlinks resolved
 	size      int64
 	mtime     time.Time
 	approvals []checkedApproval // nil when the file was refused
 }
 
-func newApprovalDir(dir string, auths []*Authority, interval time.Duration, log *slog.Logger) *approvalDir {
+func newApprovalDir(dir string, auths []*Authority, b Binding, interval time.Duration, log *slog.Logger) *approvalDir {
 	if interval <= 0 {
 		interval = DefaultApprovalsReload
 	}
-	return &approvalDir{dir: dir, auths: auths, interval: interval, log: log, now: time.Now, files: map[string]approvalFileState{}}
+	return &approvalDir{dir: dir, auths: auths, binding: b, interval: interval, log: log, now: time.Now, files: map[string]approvalFileState{}}
 }
 
 // current returns the approvals, newest first, after re-reading the
@@ -64,7 +79,7 @@ func (d *approvalDir) current(force bool) []checkedApproval {
 }
 
 func (d *approvalDir) scan() {
-	entries, err := os.ReadDir(d.dir)
+	next, capped, err := d.list()
 	if err != nil {
 		if err.Error() != d.dirErr {
 			d.log.Error("tpm: cannot read the approvals directory; no PCR state is approved until it is readable", "dir", d.dir, "error", err)
@@ -77,18 +92,11 @@ func (d *approvalDir) scan() {
 		d.log.Info("tpm: the approvals directory is readable again", "dir", d.dir)
 		d.dirErr = ""
 	}
-	next := make(map[string]approvalFileState, len(entries))
-	for _, e := range entries {
-		if len(next) >= maxApprovalFiles {
-			d.log.Warn("tpm: approvals directory holds too many files; the rest are ignored", "dir", d.dir, "max", maxApprovalFiles)
-			break
-		}
-		if name := e.Name(); strings.HasSuffix(name, ".json") && !strings.HasPrefix(name, ".") {
-			if st, ok := d.readFile(name); ok {
-				next[name] = st
-			}
-		}
+	if capped != d.capped && capped {
+		d.log.Warn("tpm: approvals directory holds too many files; the rest are ignored: remove retired approvals",
+			"dir", d.dir, "maxApprovalFiles", maxApprovalFiles, "maxEntries", maxApprovalEntries)
 	}
+	d.capped = capped
 	d.files = next
 	d.sorted = d.sorted[:0]
 	for _, st := range next {
@@ -99,21 +107,73 @@ func (d *approvalDir) scan() {
 	})
 }
 
+// list reads the directory in batches and the approval files in it, up
+// to maxApprovalFiles usable files and maxApprovalEntries entries; capped
+// says whether it stopped at a cap.
+func (d *approvalDir) list() (next map[string]approvalFileState, capped bool, err error) {
+	root, err := filepath.EvalSymlinks(d.dir)
+	if err != nil {
+		return nil, false, err
+	}
+	f, err := os.Open(root)
+	if err != nil {
+		return nil, false, err
+	}
+	defer f.Close()
+	next = map[string]approvalFileState{}
+	usable, seen := 0, 0
+	for {
+		entries, err := f.ReadDir(approvalDirBatch)
+		for _, e := range entries {
+			if usable >= maxApprovalFiles || seen >= maxApprovalEntries {
+				return next, true, nil
+			}
+			seen++
+			if name := e.Name(); strings.HasSuffix(name, ".json") && !strings.HasPrefix(name, ".") {
+				if st, ok := d.readFile(root, name); ok {
+					next[name] = st
+					usable += min(len(st.approvals), 1)
+				}
+			}
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(entries) == 0) {
+			return next, false, nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
+	}
+}
+
 // readFile returns the state of one file, re-parsed only if it changed.
-// It follows symlinks (a Kubernetes ConfigMap mount is made of them).
-func (d *approvalDir) readFile(name string) (approvalFileState, bool) {
+// It follows symlinks (a Kubernetes ConfigMap mount is made of them:
+// NAME -> ..data/NAME -> ..TIMESTAMP/NAME) as long as they stay inside the
+// directory: a symlink leading out of it is refused, so that a link
+// planted in the ConfigMap cannot make the signer read another file.
+func (d *approvalDir) readFile(root, name string) (approvalFileState, bool) {
 	path := filepath.Join(d.dir, name)
-	fi, err := os.Stat(path)
+	target, err := inside(root, path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return approvalFileState{}, false // removed since the listing, or a ConfigMap swap under way
+	}
+	if err != nil {
+		st := approvalFileState{target: "!" + err.Error()}
+		if old, ok := d.files[name]; !ok || old.target != st.target {
+			d.log.Error("tpm: approval file ignored; the other approvals are still used", "file", path, "error", err)
+		}
+		return st, true
+	}
+	fi, err := os.Stat(target)
 	if err != nil || !fi.Mode().IsRegular() {
 		return approvalFileState{}, false
 	}
-	if old, ok := d.files[name]; ok && old.size == fi.Size() && old.mtime.Equal(fi.ModTime()) {
+	if old, ok := d.files[name]; ok && old.target == target && old.size == fi.Size() && old.mtime.Equal(fi.ModTime()) {
 		return old, true
 	}
-	st := approvalFileState{size: fi.Size(), mtime: fi.ModTime()}
-	data, err := readLimited(path, MaxApprovalFileSize)
+	st := approvalFileState{target: target, size: fi.Size(), mtime: fi.ModTime()}
+	data, err := readLimited(target, MaxApprovalFileSize)
 	if err == nil {
-		st.approvals, err = parseApprovals(name, data, d.auths)
+		st.approvals, err = parseApprovals(name, data, d.auths, d.binding)
 	}
 	if err != nil {
 		d.log.Error("tpm: approval file ignored; the other approvals are still used", "file", path, "error", err)
@@ -121,6 +181,19 @@ func (d *approvalDir) readFile(name string) (approvalFileState, bool) {
 	}
 	d.log.Info("tpm: approval file loaded", "file", path, "approvals", len(st.approvals))
 	return st, true
+}
+
+// inside resolves the symlinks of path and checks that the file it names
+// is inside root, the approvals directory with its own symlinks resolved.
+func inside(root, path string) (string, error) {
+	target, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", err
+	}
+	if rel, err := filepath.Rel(root, target); err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return "", fmt.Errorf("%s is a symlink to %s, outside the approvals directory %s; put the approval file itself in the directory", path, target, root)
+	}
+	return target, nil
 }
 
 // readLimited reads at most limit+1 bytes of path, so that an oversized

@@ -1,8 +1,11 @@
 package tpm
 
 import (
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -60,5 +63,113 @@ func TestReadLimitedRefusesNonRegular(t *testing.T) {
 				t.Fatal("readLimited blocked on a non-regular file")
 			}
 		})
+	}
+}
+
+// approvalDirFixture is an approvals directory of a v2 key (pcrs=7) under
+// one authority, read by approvalDir with its log kept.
+type approvalDirFixture struct {
+	dir  string
+	auth *Authority
+	data []byte // a valid approval file
+	log  *strings.Builder
+	d    *approvalDir
+}
+
+func newApprovalDirFixture(t *testing.T) *approvalDirFixture {
+	k := p256(t)
+	b := mustBinding(t, 7)
+	a, err := SignApproval(k, b, []int{7}, [][]byte{pcrValue(1)}, ApprovalMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := MarshalApprovals(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &approvalDirFixture{dir: filepath.Join(t.TempDir(), "approvals"), auth: authority(t, k), data: data, log: &strings.Builder{}}
+	if err := os.Mkdir(f.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.d = newApprovalDir(f.dir, []*Authority{f.auth}, b, time.Hour, slog.New(slog.NewTextHandler(f.log, nil)))
+	return f
+}
+
+func (f *approvalDirFixture) write(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func symlink(t *testing.T, target, link string) {
+	t.Helper()
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loaded lists the files whose approvals are in use.
+func (f *approvalDirFixture) loaded() []string {
+	var out []string
+	for _, a := range f.d.current(true) {
+		out = append(out, a.file)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestApprovalDirSymlinks: a Kubernetes ConfigMap mount (NAME ->
+// ..data/NAME, ..data -> ..TIMESTAMP) is read; a symlink leading out of
+// the directory — to a valid approval file elsewhere, or through a
+// directory link — is refused with one log line naming the target.
+func TestApprovalDirSymlinks(t *testing.T) {
+	f := newApprovalDirFixture(t)
+	f.write(t, filepath.Join(f.dir, "..2026_12_03_10_00_00.1", "cm.json"), f.data)
+	symlink(t, "..2026_12_03_10_00_00.1", filepath.Join(f.dir, "..data"))
+	symlink(t, "..data/cm.json", filepath.Join(f.dir, "cm.json"))
+	outside := filepath.Join(filepath.Dir(f.dir), "elsewhere")
+	f.write(t, filepath.Join(outside, "x.json"), f.data)
+	symlink(t, filepath.Join(outside, "x.json"), filepath.Join(f.dir, "outside.json"))
+	symlink(t, outside, filepath.Join(f.dir, "sub"))
+	symlink(t, "sub/x.json", filepath.Join(f.dir, "through-dir.json"))
+	if got := f.loaded(); !slices.Equal(got, []string{"cm.json"}) {
+		t.Fatalf("loaded %v, want only the ConfigMap's cm.json", got)
+	}
+	if n := strings.Count(f.log.String(), "outside the approvals directory"); n != 2 {
+		t.Fatalf("%d log lines about links out of the directory, want 2:\n%s", n, f.log)
+	}
+	f.loaded()
+	if n := strings.Count(f.log.String(), "outside the approvals directory"); n != 2 {
+		t.Fatalf("a second scan logged the refused links again:\n%s", f.log)
+	}
+}
+
+// TestApprovalDirCapCountsUsableFiles: invalid files do not count against
+// the cap of maxApprovalFiles usable files, so junk cannot push a valid
+// approval out; past maxApprovalEntries entries the scan stops, with one
+// warning.
+func TestApprovalDirCapCountsUsableFiles(t *testing.T) {
+	f := newApprovalDirFixture(t)
+	for i := range maxApprovalFiles + 44 {
+		f.write(t, filepath.Join(f.dir, fmt.Sprintf("bad-%03d.json", i)), []byte("{"))
+	}
+	f.write(t, filepath.Join(f.dir, "zz-good.json"), f.data)
+	if got := f.loaded(); !slices.Equal(got, []string{"zz-good.json"}) {
+		t.Fatalf("loaded %v, want the valid approval despite %d invalid files", got, maxApprovalFiles+44)
+	}
+	if strings.Contains(f.log.String(), "too many files") {
+		t.Fatal("warned about the cap below it")
+	}
+	for i := range maxApprovalEntries {
+		f.write(t, filepath.Join(f.dir, fmt.Sprintf("more-%04d.json", i)), []byte("{"))
+	}
+	f.loaded()
+	f.loaded()
+	if n := strings.Count(f.log.String(), "too many files"); n != 1 {
+		t.Fatalf("%d warnings about the cap, want 1", n)
 	}
 }

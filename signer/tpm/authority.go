@@ -16,10 +16,11 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
-// PolicyRef is the policyRef of every PolicyAuthorize in a key policy this
-// backend makes, and so part of what an authority signs: it separates our
-// approvals from any other use of the same authority key (a systemd
-// disk-unlock signature has an empty ref).
+// PolicyRef is the policyRef of the PolicyAuthorize in the policy of a v1
+// key (made before the PCR selection was bound; see binding.go), and so
+// part of what an authority signed for it: it separates our approvals from
+// any other use of the same authority key (a systemd disk-unlock signature
+// has an empty ref). New keys name a v2 ref (BindingForPCRs).
 const PolicyRef = "steward-trustd/os-ca/v1"
 
 // MaxAuthorities bounds the authorities of one key: PolicyOR takes at most
@@ -30,10 +31,11 @@ const MaxAuthorities = 8
 // policy names it, and a PCR state it signed lets the key sign. It never
 // needs a TPM; it is a file: or pkcs11: key on another machine.
 type Authority struct {
-	pub    crypto.PublicKey
-	public tpm2.TPMTPublic
-	name   tpm2.TPM2BName
-	fp     string
+	pub       crypto.PublicKey
+	public    tpm2.TPMTPublic
+	name      tpm2.TPM2BName
+	fp        string
+	systemdFP string // "" for an ECC authority
 }
 
 // NewAuthority describes pub (ECDSA P-256 or RSA 2048-4096) as an authority.
@@ -71,7 +73,12 @@ func authorityFromPublic(tmpl tpm2.TPMTPublic) (*Authority, error) {
 		return nil, fmt.Errorf("policy authority public key: %w", err)
 	}
 	sum := sha256.Sum256(der)
-	return &Authority{pub: pub, public: tmpl, name: *name, fp: hex.EncodeToString(sum[:])}, nil
+	a := &Authority{pub: pub, public: tmpl, name: *name, fp: hex.EncodeToString(sum[:])}
+	if k, ok := pub.(*rsa.PublicKey); ok {
+		s := sha256.Sum256(x509.MarshalPKCS1PublicKey(k))
+		a.systemdFP = hex.EncodeToString(s[:])
+	}
+	return a, nil
 }
 
 // Public returns the authority's public key.
@@ -84,6 +91,11 @@ func (a *Authority) Name() []byte { return append([]byte(nil), a.name.Buffer...)
 // Fingerprint is the hex SHA-256 of the authority's DER SubjectPublicKeyInfo:
 // the "pkfp" of approvals (systemd-measure's definition).
 func (a *Authority) Fingerprint() string { return a.fp }
+
+// SystemdFingerprint is the "pkfp" systemd-measure writes for an RSA
+// authority: the hex SHA-256 of its DER PKCS#1 RSAPublicKey (checked
+// against systemd-measure 252's output). Empty for an ECC authority.
+func (a *Authority) SystemdFingerprint() string { return a.systemdFP }
 
 // String names the authority for messages.
 func (a *Authority) String() string {

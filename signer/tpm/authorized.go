@@ -83,12 +83,12 @@ func (s *Signer) approvals(force bool) []checkedApproval {
 func approvalKey(a *checkedApproval) string { return a.file + "/" + hex.EncodeToString(a.pol) }
 
 // ticketKey names what a VerifySignature ticket proves: that authority
-// a.auth signed a.pol (the ticket covers the signed digest and the key's
-// name, TPM 2.0 Part 3 §20.1), not which file held the approval, so a
-// file replaced by another authority's approval of the same state does not
-// reuse a ticket PolicyAuthorize would refuse.
+// a.auth signed a.pol with a.ref (the ticket covers the signed digest and
+// the key's name, TPM 2.0 Part 3 §20.1), not which file held the approval,
+// so a file replaced by another authority's approval of the same state
+// does not reuse a ticket PolicyAuthorize would refuse.
 func ticketKey(a *checkedApproval) string {
-	return strconv.Itoa(a.auth) + "/" + hex.EncodeToString(a.pol)
+	return strconv.Itoa(a.auth) + "/" + strconv.Quote(a.ref) + "/" + hex.EncodeToString(a.pol)
 }
 
 // maxTickets bounds the cached VerifySignature tickets.
@@ -182,7 +182,7 @@ func (s *Signer) authorizeWith(t transport.TPM, sess tpm2.TPMHandle, a *checkedA
 	_, err = tpm2.PolicyAuthorize{
 		PolicySession:  sess,
 		ApprovedPolicy: tpm2.TPM2BDigest{Buffer: a.pol},
-		PolicyRef:      tpm2.TPM2BDigest{Buffer: []byte(PolicyRef)},
+		PolicyRef:      tpm2.TPM2BDigest{Buffer: []byte(a.ref)},
 		KeySign:        auth.name,
 		CheckTicket:    ticket,
 	}.Execute(t)
@@ -229,7 +229,7 @@ func (s *Signer) ticket(t transport.TPM, a *checkedApproval) (tpm2.TPMTTKVerifie
 	defer flush(t, load.ObjectHandle)
 	rsp, err := tpm2.VerifySignature{
 		KeyHandle: load.ObjectHandle,
-		Digest:    tpm2.TPM2BDigest{Buffer: approvalDigest(a.pol, PolicyRef)},
+		Digest:    tpm2.TPM2BDigest{Buffer: approvalDigest(a.pol, a.ref)},
 		Signature: a.sig,
 	}.Execute(t)
 	if err != nil {
@@ -256,8 +256,18 @@ func (s *Signer) noApprovalErr(t transport.TPM, n int) error {
 		flags[i] = fmt.Sprintf("--pcr %d=%x", p, vals[i])
 	}
 	return fmt.Errorf("tpm: no approval in %s (%d usable) matches this TPM's PCR state: sha256 PolicyPCR digest %x; "+
-		"if this state is legitimate, approve it with the policy authority: steward-trustd-ceremony policy approve --authority AUTHORITY_URI %s --out %s/NAME.json: %w",
-		s.uri.Approvals, n, pol, strings.Join(flags, " "), s.uri.Approvals, signer.ErrPolicyNotSatisfied)
+		"if this state is legitimate, approve it with the policy authority: steward-trustd-ceremony policy approve --authority AUTHORITY_URI %s %s --out %s/NAME.json: %w",
+		s.uri.Approvals, n, pol, s.keyArg(), strings.Join(flags, " "), s.uri.Approvals, signer.ErrPolicyNotSatisfied)
+}
+
+// keyArg names the key for policy approve in messages: --key and its blob
+// file (not secret; the approver reads the key's binding from it), or
+// --signer and the URI of a persistent key.
+func (s *Signer) keyArg() string {
+	if s.uri.Path != "" {
+		return "--key " + s.uri.Path
+	}
+	return "--signer '" + s.uri.String() + "'"
 }
 
 // policyRestart resets a policy session (TPM2_PolicyRestart, TPM 2.0 Part 3
@@ -286,8 +296,16 @@ func policyRestart(t transport.TPM, sess tpm2.TPMHandle) error {
 // stands: its authorities, the current PCR state, and which approval (if
 // any) lets it sign now.
 type PolicyReport struct {
-	Authorities  []AuthorityReport `json:"authorities"`
-	ApprovalsDir string            `json:"approvalsDir"`
+	Authorities []AuthorityReport `json:"authorities"`
+	// Binding is how the key binds approvals ("v2", "systemd" or "v1"),
+	// PolicyRef the ref its PolicyAuthorize names, BoundPCRs the one
+	// selection it accepts (none for v1), and Warning what a weaker
+	// binding lets through and what to do (empty for v2).
+	Binding      string `json:"binding"`
+	PolicyRef    string `json:"policyRef"`
+	BoundPCRs    []int  `json:"boundPCRs,omitempty"`
+	Warning      string `json:"warning,omitempty"`
+	ApprovalsDir string `json:"approvalsDir"`
 	// Approvals counts the usable approvals (malformed, tampered and
 	// foreign ones are not counted).
 	Approvals int `json:"approvals"`
@@ -301,10 +319,14 @@ type PolicyReport struct {
 	MatchError string `json:"matchError,omitempty"`
 }
 
-// AuthorityReport names one policy authority.
+// AuthorityReport names one policy authority: its TPM name, our
+// fingerprint (SHA-256 of the DER SubjectPublicKeyInfo) and, for an RSA
+// authority, systemd-measure's (SHA-256 of the DER PKCS#1 RSAPublicKey);
+// an approval's pkfp may be either.
 type AuthorityReport struct {
-	Name        string `json:"name"`
-	Fingerprint string `json:"fingerprint"`
+	Name               string `json:"name"`
+	Fingerprint        string `json:"fingerprint"`
+	SystemdFingerprint string `json:"systemdFingerprint,omitempty"`
 }
 
 // PolicyReport reports on the key's signed policy without signing; nil
@@ -313,9 +335,10 @@ func (s *Signer) PolicyReport(ctx context.Context) (*PolicyReport, error) {
 	if len(s.km.authorities) == 0 {
 		return nil, nil
 	}
-	r := &PolicyReport{ApprovalsDir: s.uri.Approvals}
+	b := s.km.binding
+	r := &PolicyReport{ApprovalsDir: s.uri.Approvals, Binding: b.Mode(), PolicyRef: b.ref, BoundPCRs: b.PCRs(), Warning: b.Weakness()}
 	for _, a := range s.km.authorities {
-		r.Authorities = append(r.Authorities, AuthorityReport{Name: hex.EncodeToString(a.name.Buffer), Fingerprint: a.fp})
+		r.Authorities = append(r.Authorities, AuthorityReport{Name: hex.EncodeToString(a.name.Buffer), Fingerprint: a.fp, SystemdFingerprint: a.systemdFP})
 	}
 	err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error {
 		vals, err := ReadPCRs(t, s.km.pcrs)

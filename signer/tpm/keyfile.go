@@ -79,14 +79,16 @@ type keyBlob struct {
 	// pcrDigest is the SHA-256 over the policy PCRs' values at creation.
 	pcrDigest []byte
 	// authorities are the policy authorities of a key under signed
-	// policies; pcrs and pcrDigest are then empty.
+	// policies, and binding the policyRef their PolicyAuthorize names
+	// (with the PCR selection it binds); pcrDigest is then empty.
 	authorities []*Authority
+	binding     Binding
 }
 
 // authPolicy is the authPolicy the blob's policy list gives.
 func (k *keyBlob) authPolicy() ([]byte, error) {
 	if len(k.authorities) > 0 {
-		p, _, err := authorizedPolicy(k.authorities)
+		p, _, err := authorizedPolicyRef(k.authorities, k.binding.ref)
 		return p, err
 	}
 	return computeAuthPolicy(k.pcrs, k.pcrDigest)
@@ -102,13 +104,13 @@ func (k *keyBlob) policyStatements() ([]asnPolicy, error) {
 	var out []asnPolicy
 	for _, a := range k.authorities {
 		b := tpm2.Marshal(tpm2.New2B(a.public))
-		b = append(b, tpm2.Marshal(tpm2.TPM2BDigest{Buffer: []byte(PolicyRef)})...)
+		b = append(b, tpm2.Marshal(tpm2.TPM2BDigest{Buffer: []byte(k.binding.ref)})...)
 		b = append(b, tpm2.Marshal(tpm2.TPMTSignature{SigAlg: tpm2.TPMAlgNull})...)
 		out = append(out, asnPolicy{CommandCode: int(tpm2.TPMCCPolicyAuthorize), CommandPolicy: b})
 	}
 	out = append(out, cc)
 	if len(k.authorities) > 1 {
-		_, branches, err := authorizedPolicy(k.authorities)
+		_, branches, err := authorizedPolicyRef(k.authorities, k.binding.ref)
 		if err != nil {
 			return nil, err
 		}
@@ -173,7 +175,8 @@ func parseKeyBlob(data []byte) (*keyBlob, error) {
 	}
 	blob.private = *priv
 	if len(k.Policy) > 0 && k.Policy[0].CommandCode == int(tpm2.TPMCCPolicyAuthorize) {
-		blob.authorities, err = parseAuthorizedPolicy(k.Policy)
+		blob.authorities, blob.binding, err = parseAuthorizedPolicy(k.Policy)
+		blob.pcrs = blob.binding.pcrs
 		return blob, err
 	}
 	if len(k.Policy) != 2 ||
@@ -195,53 +198,60 @@ func isSignCC(p asnPolicy) bool {
 
 // parseAuthorizedPolicy reads the authorities of a signed-policy list:
 // PolicyAuthorize statements, PolicyCommandCode(Sign), and PolicyOR when
-// there are two or more (see the file format above). The caller checks
-// that the list reproduces the key's authPolicy.
-func parseAuthorizedPolicy(ps []asnPolicy) ([]*Authority, error) {
+// there are two or more (see the file format above), and the binding
+// their common policyRef names. The caller checks that the list
+// reproduces the key's authPolicy.
+func parseAuthorizedPolicy(ps []asnPolicy) ([]*Authority, Binding, error) {
 	n := slices.IndexFunc(ps, func(p asnPolicy) bool { return p.CommandCode != int(tpm2.TPMCCPolicyAuthorize) })
 	want := n + 1
 	if n > 1 {
 		want++
 	}
 	if n < 1 || n > MaxAuthorities || len(ps) != want || !isSignCC(ps[n]) {
-		return nil, errors.New("key blob signed policy is not PolicyAuthorize... + PolicyCommandCode(TPM2_Sign) [+ PolicyOR]")
+		return nil, Binding{}, errors.New("key blob signed policy is not PolicyAuthorize... + PolicyCommandCode(TPM2_Sign) [+ PolicyOR]")
 	}
 	if n > 1 && ps[n+1].CommandCode != int(tpm2.TPMCCPolicyOR) {
-		return nil, errors.New("key blob with several policy authorities has no PolicyOR")
+		return nil, Binding{}, errors.New("key blob with several policy authorities has no PolicyOR")
 	}
 	auths := make([]*Authority, n)
+	var refs []string
 	for i := range n {
-		a, err := parsePolicyAuthorize(ps[i].CommandPolicy)
+		a, ref, err := parsePolicyAuthorize(ps[i].CommandPolicy)
 		if err != nil {
-			return nil, fmt.Errorf("key blob PolicyAuthorize %d: %w", i, err)
+			return nil, Binding{}, fmt.Errorf("key blob PolicyAuthorize %d: %w", i, err)
 		}
-		auths[i] = a
+		auths[i], refs = a, append(refs, ref)
 	}
-	return auths, nil
+	if len(slices.Compact(refs)) != 1 {
+		return nil, Binding{}, errors.New("key blob PolicyAuthorize statements name different policyRefs")
+	}
+	b, err := bindingOfRef(refs[0])
+	if err != nil {
+		return nil, Binding{}, fmt.Errorf("key blob: %w", err)
+	}
+	return auths, b, nil
 }
 
 // parsePolicyAuthorize decodes TPM2B_PUBLIC keySign || TPM2B_DIGEST
 // policyRef || TPMT_SIGNATURE (empty).
-func parsePolicyAuthorize(b []byte) (*Authority, error) {
+func parsePolicyAuthorize(b []byte) (*Authority, string, error) {
 	pubBytes, rest, err := cut2B(b)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	ref, rest, err := cut2B(rest)
 	if err != nil {
-		return nil, err
-	}
-	if string(ref) != PolicyRef {
-		return nil, fmt.Errorf("policyRef %q is not %q", ref, PolicyRef)
+		return nil, "", err
 	}
 	if !bytes.Equal(rest, tpm2.Marshal(tpm2.TPMTSignature{SigAlg: tpm2.TPMAlgNull})) {
-		return nil, errors.New("the policy signature must be empty")
+		return nil, "", errors.New("the policy signature must be empty")
 	}
 	pub, err := tpm2.Unmarshal[tpm2.TPMTPublic](pubBytes)
 	if err != nil {
-		return nil, fmt.Errorf("keySign: %w", err)
+		return nil, "", fmt.Errorf("keySign: %w", err)
 	}
-	return authorityFromPublic(*pub)
+	a, err := authorityFromPublic(*pub)
+	return a, string(ref), err
 }
 
 // cut2B splits a TPM2B (2-byte big-endian size, then the bytes) off b.
@@ -288,6 +298,9 @@ func parsePCRPolicy(b []byte) ([]int, []byte, error) {
 	for _, p := range pcrs {
 		if p > MaxPCR {
 			return nil, nil, fmt.Errorf("key blob PolicyPCR selects PCR %d (max %d)", p, MaxPCR)
+		}
+		if why := ResettablePCR(p); why != "" {
+			return nil, nil, fmt.Errorf("key blob is bound to PCR %d, and PCR %d %s: the key signs in any boot state; create a new key bound to PCRs 0-15 (steward-trustd-ceremony rotate --new-signer URI --pcrs 7)", p, p, why)
 		}
 	}
 	return pcrs, append([]byte(nil), digest...), nil

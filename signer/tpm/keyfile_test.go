@@ -50,6 +50,8 @@ func TestParseKeyBlobRejects(t *testing.T) {
 		{"no pem", []byte("hello"), "PEM block"},
 		{"other pem", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: []byte{0x30, 0}}), "PEM block"},
 		{"bad der", pem.EncodeToMemory(&pem.Block{Type: pemType, Bytes: []byte{0x30, 0x03, 1}}), "decode key blob"},
+		{"bound to PCR 16", pcrBoundBlob(t, 7, 16), "PCR 16 is the debug PCR"},
+		{"bound to PCR 21", pcrBoundBlob(t, 21), "locality 2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,6 +61,23 @@ func TestParseKeyBlobRejects(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pcrBoundBlob is a PCR-bound blob over pcrs, made without ParsePCRs (as
+// an older version could have).
+func pcrBoundBlob(t *testing.T, pcrs ...int) []byte {
+	t.Helper()
+	digest := sha256.Sum256([]byte("pcrs"))
+	policy, err := computeAuthPolicy(pcrs, digest[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, pcrs: pcrs, pcrDigest: digest[:]}
+	data, err := blob.marshalPEM("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
 
 func FuzzParseKeyBlob(f *testing.F) {

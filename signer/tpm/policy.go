@@ -1,6 +1,7 @@
 package tpm
 
 import (
+	"crypto"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -10,18 +11,18 @@ import (
 )
 
 // authorizedBranch is the policy digest of one authority's branch:
-// PolicyAuthorize(authority name, PolicyRef) then PolicyCommandCode(Sign).
+// PolicyAuthorize(authority name, ref) then PolicyCommandCode(Sign).
 // PolicyAuthorize replaces the session digest by one derived from the
 // authority's name and ref alone (TPM 2.0 Part 3 §23.16), so whatever PCR
 // state the authority approved, the key's own trailing PolicyCommandCode
 // keeps it sign-only: an approval of PolicyCommandCode(Duplicate) still
 // cannot pass the Sign restriction.
-func authorizedBranch(a *Authority) ([]byte, error) {
+func authorizedBranch(a *Authority, ref string) ([]byte, error) {
 	pc, err := tpm2.NewPolicyCalculator(tpm2.TPMAlgSHA256)
 	if err != nil {
 		return nil, err
 	}
-	if err := (tpm2.PolicyAuthorize{KeySign: a.name, PolicyRef: tpm2.TPM2BDigest{Buffer: []byte(PolicyRef)}}).Update(pc); err != nil {
+	if err := (tpm2.PolicyAuthorize{KeySign: a.name, PolicyRef: tpm2.TPM2BDigest{Buffer: []byte(ref)}}).Update(pc); err != nil {
 		return nil, fmt.Errorf("compute policy: %w", err)
 	}
 	if err := (tpm2.PolicyCommandCode{Code: tpm2.TPMCCSign}).Update(pc); err != nil {
@@ -30,15 +31,22 @@ func authorizedBranch(a *Authority) ([]byte, error) {
 	return pc.Hash().Digest, nil
 }
 
-// authorizedPolicy is the authPolicy of a key under auths: the single
-// branch, or PolicyOR of the branches (Part 3 §23.6) for two or more.
-// It also returns the branch digests, which the session's PolicyOR needs.
+// authorizedPolicy is the authPolicy of a v1 key under auths (policyRef
+// PolicyRef): what SignedPolicyDigest reports.
 func authorizedPolicy(auths []*Authority) (policy []byte, branches [][]byte, err error) {
+	return authorizedPolicyRef(auths, PolicyRef)
+}
+
+// authorizedPolicyRef is the authPolicy of a key under auths whose
+// PolicyAuthorize names ref: the single branch, or PolicyOR of the
+// branches (Part 3 §23.6) for two or more. It also returns the branch
+// digests, which the session's PolicyOR needs.
+func authorizedPolicyRef(auths []*Authority, ref string) (policy []byte, branches [][]byte, err error) {
 	if len(auths) == 0 || len(auths) > MaxAuthorities {
 		return nil, nil, fmt.Errorf("a key policy takes 1 to %d authorities, not %d", MaxAuthorities, len(auths))
 	}
 	for _, a := range auths {
-		b, err := authorizedBranch(a)
+		b, err := authorizedBranch(a, ref)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -55,6 +63,26 @@ func authorizedPolicy(auths []*Authority) (policy []byte, branches [][]byte, err
 		return nil, nil, fmt.Errorf("compute policy: %w", err)
 	}
 	return pc.Hash().Digest, branches, nil
+}
+
+// SignedPolicyDigestFor is the authPolicy of a key created under the
+// policy authorities pubs with binding b (BindingForPCRs of its PCR
+// selection for a key made today): what a verifier expects of an attested
+// key under signed policies.
+func SignedPolicyDigestFor(pubs []crypto.PublicKey, b Binding) ([]byte, error) {
+	if b.mode == modeInvalid {
+		return nil, errors.New("signed policy digest: no key binding")
+	}
+	auths := make([]*Authority, 0, len(pubs))
+	for _, p := range pubs {
+		a, err := NewAuthority(p)
+		if err != nil {
+			return nil, err
+		}
+		auths = append(auths, a)
+	}
+	pol, _, err := authorizedPolicyRef(auths, b.ref)
+	return pol, err
 }
 
 func digestList(ds [][]byte) tpm2.TPMLDigest {

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -92,17 +93,26 @@ func (f *authorizedFixture) approve(t testing.TB, auth crypto.Signer, name strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpm.SignApproval(auth, pcrs, vals, tpm.ApprovalMeta{Note: name, CreatedAt: time.Now()})
+	b, err := tpm.BindingForPCRs(pcrs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := tpm.MarshalApprovals(a)
+	a, err := tpm.SignApproval(auth, b, pcrs, vals, tpm.ApprovalMeta{Note: name, CreatedAt: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(f.approvals, name+".json"), data, 0o644); err != nil {
+	writeApprovalFile(t, filepath.Join(f.approvals, name+".json"), a)
+}
+
+// generate creates the fixture's key, closed when the test ends.
+func (f *authorizedFixture) generate(t *testing.T) signer.Signer {
+	t.Helper()
+	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
+	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 func mustSign(t *testing.T, s signer.Signer) {
@@ -291,6 +301,7 @@ func TestQuoteVerification(t *testing.T) {
 		{"wrong nonce", q, ak, []byte("another nonce"), "nonce differs"},
 		{"another AK", q, &newP256(t).PublicKey, nonce, "not signed by the pinned attestation key"},
 		{"values not quoted", &tampered, ak, nonce, "do not match the quoted digest"},
+		{"resettable PCR named", &tpm.Quote{PCRs: []int{7, 16}, PCRValues: q.PCRValues, Nonce: q.Nonce, Attest: q.Attest, Signature: q.Signature}, ak, nonce, "debug PCR"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, _, err := tpm.VerifyQuote(tc.q, tc.ak, tc.nonce); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -305,19 +316,18 @@ func TestPolicyReport(t *testing.T) {
 	auth := newP256(t)
 	f := newAuthorizedFixture(t, auth)
 	f.approve(t, auth, "now")
-	s, err := f.b.Generate(ctx, f.uri, signer.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := f.generate(t)
 	ts := s.(*tpm.Signer)
 	r, err := ts.PolicyReport(ctx)
 	if err != nil || r.Matching != filepath.Join(f.approvals, "now.json") || r.Approvals != 1 || len(r.Authorities) != 1 {
 		t.Fatalf("PolicyReport = %+v, %v", r, err)
 	}
+	if r.Binding != "v2" || r.PolicyRef != "steward-trustd/os-ca/v2:000080" || !slices.Equal(r.BoundPCRs, []int{7}) || r.Warning != "" || r.Authorities[0].SystemdFingerprint != "" {
+		t.Fatalf("PolicyReport binding = %q %q %v %q, systemd pkfp %q; want v2 over PCR 7, no warning, none for ECC", r.Binding, r.PolicyRef, r.BoundPCRs, r.Warning, r.Authorities[0].SystemdFingerprint)
+	}
 	f.sim.ExtendPCR(t, 7, []byte("update"))
 	r, err = ts.PolicyReport(ctx)
-	if err != nil || r.Matching != "" || !strings.Contains(r.MatchError, r.PolicyPCRDigest) {
+	if err != nil || r.Matching != "" || !strings.Contains(r.MatchError, r.PolicyPCRDigest) || !strings.Contains(r.MatchError, "policy approve --authority AUTHORITY_URI --key /") || !strings.Contains(r.MatchError, "ca.tpmkey --pcr 7=") {
 		t.Fatalf("PolicyReport after extend = %+v, %v", r, err)
 	}
 	if err := ts.CheckPolicy(ctx); !errors.Is(err, signer.ErrPolicyNotSatisfied) {
@@ -342,7 +352,11 @@ func TestForgedApprovalRefusedByTPM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	forged, err := tpm.SignApproval(forger, pcrs, vals, tpm.ApprovalMeta{})
+	b, err := tpm.BindingForPCRs(pcrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := tpm.SignApproval(forger, b, pcrs, vals, tpm.ApprovalMeta{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,14 +463,16 @@ func TestAbandonedAuthorizedOperation(t *testing.T) {
 		}
 	})
 	f.approve(t, auth, "boot")
-	const hold = 400 * time.Millisecond
+	// The bound must cover a whole key load and policy on a loaded
+	// 2-core machine under -race (100ms did not); the stall outlasts it.
+	const bound, hold = 750 * time.Millisecond, 1800 * time.Millisecond
 	stalled := &atomic.Bool{}
 	f.b.RetryInterval = time.Millisecond
 	f.b.Dial = func(ctx context.Context, d tpm.Device) (transport.TPMCloser, error) {
 		c, err := f.sim.Dial(ctx, d)
 		return stallingTPM{TPMCloser: c, hold: hold, stalled: stalled}, err
 	}
-	s, err := f.b.Generate(ctx, f.uri+";timeout=100ms", signer.ECDSAP256)
+	s, err := f.b.Generate(ctx, f.uri+";timeout="+bound.String(), signer.ECDSAP256)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,4 +487,126 @@ func TestAbandonedAuthorizedOperation(t *testing.T) {
 	}
 	time.Sleep(hold) // the abandoned operation gets its answer and ends
 	mustSign(t, s)
+}
+
+// resetPCR resets PCR idx in the simulator from locality 0 (TPM2_PCR_Reset,
+// TPM 2.0 Part 3 §22.3), as any process with TPM access can for PCR 16.
+func resetPCR(t *testing.T, sim *tpmsim.Simulator, idx int) {
+	t.Helper()
+	_, err := tpm2.PCRReset{PCRHandle: tpm2.AuthHandle{Handle: tpm2.TPMHandle(idx), Auth: tpm2.PasswordAuth(nil)}}.Execute(sim.TPM())
+	if err != nil {
+		t.Fatalf("reset PCR %d: %v", idx, err)
+	}
+}
+
+// TestSelectionBoundByTPM: a v2 key (pcrs=7) binds its selection in its
+// policyRef. After the boot state changed (PCR 7 extended) and PCR 16 was
+// reset to zeros, approvals of that state over pcrs=7,16 signed by the
+// right authority — with the ref a v2 tool derives for 7,16, or the v1
+// ref an old tool signs — are refused by the software check and, with
+// every software check skipped, by the TPM itself (TPM_RC_POLICY_FAIL at
+// TPM2_Sign: the session digest is not the key's policy). The control: the
+// same path with an approval of the key's own selection and ref signs.
+func TestSelectionBoundByTPM(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	f.approve(t, auth, "boot")
+	s := f.generate(t)
+	mustSign(t, s)
+	if err := os.Remove(filepath.Join(f.approvals, "boot.json")); err != nil {
+		t.Fatal(err)
+	}
+	f.sim.ExtendPCR(t, 7, []byte("attacker's boot chain"))
+	resetPCR(t, f.sim, 16)
+	vals, err := tpm.ReadPCRs(f.sim.TPM(), []int{7, 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := sha256.Sum256([]byte("csr"))
+	for name, ref := range map[string]string{
+		"v2 ref of 7,16":  "steward-trustd/os-ca/v2:010080", // what BindingForPCRs would make, were 16 allowed
+		"v1 ref":          tpm.PolicyRef,
+		"empty (systemd)": "",
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := writeApproval(t, filepath.Join(f.approvals, "wide.json"), auth, ref, []int{7, 16}, vals)
+			mustRefuse(t, s)
+			err := tpm.TPMSignWithApproval(s.(*tpm.Signer), a, digest[:])
+			if !errors.Is(err, tpm2.TPMRCPolicyFail) {
+				t.Fatalf("TPM signing with an approval over pcrs=7,16 (ref %q) = %v, want TPM_RC_POLICY_FAIL", ref, err)
+			}
+		})
+	}
+	own, err := tpm.UncheckedApproval(auth, mustBindingRef(t, 7), []int{7}, vals[:1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tpm.TPMSignWithApproval(s.(*tpm.Signer), own, digest[:]); err != nil {
+		t.Fatalf("control: TPM signing with an approval of the key's own selection = %v", err)
+	}
+}
+
+func mustBindingRef(t *testing.T, pcrs ...int) string {
+	t.Helper()
+	b, err := tpm.BindingForPCRs(pcrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.Ref()
+}
+
+// TestV1KeyKeepsWorkingAndIsWarned: a key made before the selection was
+// bound (policyRef v1) still opens and signs with v1 approvals, and
+// policy approve's binding for it signs the v1 ref. Its report warns and
+// points at rotate — rightly: with every software check skipped, the TPM
+// accepts an approval over pcrs=7,16 for it (the contrast to
+// TestSelectionBoundByTPM), though our software ignores that approval.
+func TestV1KeyKeepsWorkingAndIsWarned(t *testing.T) {
+	auth := newP256(t)
+	f := newAuthorizedFixture(t, auth)
+	s, err := tpm.GenerateV1(ctx, f.b, f.uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	b, _, err := tpm.KeyBinding(f.uri)
+	if err != nil || b.Mode() != "v1" || b.Ref() != tpm.PolicyRef {
+		t.Fatalf("KeyBinding of a v1 key = %v, %v", b, err)
+	}
+	vals, err := tpm.ReadPCRs(f.sim.TPM(), []int{7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := tpm.SignApproval(auth, b, []int{7}, vals, tpm.ApprovalMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeApprovalFile(t, filepath.Join(f.approvals, "v1.json"), a)
+	s, err = f.b.Open(ctx, f.uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mustSign(t, s)
+	r, err := s.(*tpm.Signer).PolicyReport(ctx)
+	if err != nil || r.Binding != "v1" || !strings.Contains(r.Warning, "rotate") {
+		t.Fatalf("PolicyReport of a v1 key = %+v, %v; want a warning pointing at rotate", r, err)
+	}
+	if n := f.log.count("weak key policy"); n != 1 {
+		t.Fatalf("%d WARN lines about the v1 policy at open, want 1", n)
+	}
+	f.sim.ExtendPCR(t, 7, []byte("attacker's boot chain"))
+	resetPCR(t, f.sim, 16)
+	wide, err := tpm.ReadPCRs(f.sim.TPM(), []int{7, 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := tpm.UncheckedApproval(auth, tpm.PolicyRef, []int{7, 16}, wide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := sha256.Sum256([]byte("csr"))
+	if err := tpm.TPMSignWithApproval(s.(*tpm.Signer), w, d[:]); err != nil {
+		t.Fatalf("the TPM refused a v1 key's approval over 7,16 (%v): then the v2 test shows nothing", err)
+	}
 }

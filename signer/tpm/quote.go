@@ -221,7 +221,10 @@ func quotedState(q *Quote, attest *tpm2.TPMSAttest) ([]int, [][]byte, error) {
 		return nil, nil, fmt.Errorf("quote: %w", err)
 	}
 	pcrs, err := ParsePCRs(pcrList(q.PCRs))
-	if err != nil || len(q.PCRs) == 0 || !slices.Equal(pcrs, q.PCRs) {
+	if err != nil {
+		return nil, nil, fmt.Errorf("quote: %w", err)
+	}
+	if len(q.PCRs) == 0 || !slices.Equal(pcrs, q.PCRs) {
 		return nil, nil, errors.New("quote: pcrs must be distinct ascending sha256 PCRs")
 	}
 	if !bytes.Equal(tpm2.Marshal(info.PCRSelect), tpm2.Marshal(pcrSelection(pcrs))) {

@@ -121,7 +121,7 @@ func (s *Signer) policyDesc() string {
 	for i, a := range s.km.authorities {
 		fps[i] = a.fp
 	}
-	return "authorized by " + strings.Join(fps, " | ") + " (ref " + PolicyRef + ") + CC_Sign; approvals " + s.uri.Approvals
+	return "authorized by " + strings.Join(fps, " | ") + " (" + s.km.binding.String() + ") + CC_Sign; approvals " + s.uri.Approvals
 }
 
 // loadKey makes the key usable on a fresh connection: a blob is loaded

@@ -34,10 +34,11 @@
 // selection, and a wrong one shows as an unsatisfied policy.
 //
 // A key created under policy authorities (signed PCR policies) has the
-// policy PolicyAuthorize(authority, PolicyRef) -> PolicyCommandCode(Sign)
+// policy PolicyAuthorize(authority, policyRef) -> PolicyCommandCode(Sign)
 // (PolicyOR of such branches for several authorities) and signs in any
 // PCR state an authority approved in a file of its approvals directory;
-// see authorized.go and README.md.
+// the policyRef binds the key's PCR selection (binding.go); see
+// authorized.go and README.md.
 //
 // Examples:
 //
@@ -195,10 +196,13 @@ func (b *Backend) Open(ctx context.Context, uri string) (signer.Signer, error) {
 			return nil, err
 		}
 	} else {
-		k = &keyMaterial{pcrs: u.PCRs, authorities: u.Authorities}
+		k = &keyMaterial{pcrs: u.PCRs, authorities: u.Authorities, binding: u.binding()}
 	}
 	if err := b.attachApprovals(u, k); err != nil {
 		return nil, err
+	}
+	if w := k.binding.Weakness(); w != "" && len(k.authorities) > 0 {
+		b.logger().Warn("tpm: weak key policy", "location", u.String(), "binding", k.binding.String(), "detail", w)
 	}
 	return b.newSigner(ctx, u, k)
 }
@@ -211,8 +215,10 @@ type keyMaterial struct {
 	pcrDigest []byte
 	// authorities of a key under signed policies (nil for a PCR-bound
 	// key), the PolicyOR branches when there are several, and the
-	// approvals directory.
+	// approvals directory; binding is the policyRef of the key's
+	// PolicyAuthorize and the PCR selection it binds.
 	authorities []*Authority
+	binding     Binding
 	branches    [][]byte
 	approvals   *approvalDir
 }
@@ -228,12 +234,12 @@ func (b *Backend) attachApprovals(u KeyURI, k *keyMaterial) error {
 	case u.Approvals == "":
 		return fmt.Errorf("tpm: %s: the key is under a policy authority; name its approvals directory with approvals=/dir: %w", u, signer.ErrInvalidURI)
 	}
-	_, branches, err := authorizedPolicy(k.authorities)
+	_, branches, err := authorizedPolicyRef(k.authorities, k.binding.ref)
 	if err != nil {
 		return err
 	}
 	k.branches = branches
-	k.approvals = newApprovalDir(u.Approvals, k.authorities, b.ApprovalsReload, b.logger())
+	k.approvals = newApprovalDir(u.Approvals, k.authorities, k.binding, b.ApprovalsReload, b.logger())
 	return nil
 }
 
@@ -260,7 +266,12 @@ func readBlobFile(u KeyURI) (*keyMaterial, error) {
 		return nil, fmt.Errorf("tpm: key blob %s: %w", u.Path, err)
 	}
 	if len(blob.authorities) > 0 {
-		blob.pcrs = u.PCRs // the PCRs the ceremony approves; any approval may name others
+		if err := checkURIBinding(u, blob.binding); err != nil {
+			return nil, err
+		}
+		if blob.binding.pcrs == nil {
+			blob.pcrs = u.PCRs // v1: the PCRs the ceremony reads and approves; any approval may name others
+		}
 	} else if u.PCRsSet && !slices.Equal(u.PCRs, blob.pcrs) {
 		return nil, fmt.Errorf("tpm: key blob %s is bound to sha256 PCRs %s but the URI says pcrs=%s: %w",
 			u.Path, pcrList(blob.pcrs), pcrList(u.PCRs), signer.ErrInvalidURI)
@@ -282,7 +293,19 @@ func readBlobFile(u KeyURI) (*keyMaterial, error) {
 	if len(u.Authorities) > 0 && !sameAuthorities(u.Authorities, blob.authorities) {
 		return nil, fmt.Errorf("tpm: key blob %s is under other policy authorities than the URI's authority=: %w", u.Path, signer.ErrInvalidURI)
 	}
-	return &keyMaterial{blob: blob, pcrs: blob.pcrs, pcrDigest: blob.pcrDigest, authorities: blob.authorities}, nil
+	return &keyMaterial{blob: blob, pcrs: blob.pcrs, pcrDigest: blob.pcrDigest, authorities: blob.authorities, binding: blob.binding}, nil
+}
+
+// checkURIBinding checks a key URI against the binding its blob records.
+func checkURIBinding(u KeyURI, b Binding) error {
+	switch {
+	case u.Systemd && !b.Systemd():
+		return fmt.Errorf("tpm: key blob %s is not systemd-compatible (its policy is %s) but the URI says systemd=true: %w", u.Path, b, signer.ErrInvalidURI)
+	case b.pcrs != nil && u.PCRsSet && !slices.Equal(u.PCRs, b.pcrs):
+		return fmt.Errorf("tpm: key blob %s binds sha256 PCRs %s in its policy (%s) but the URI says pcrs=%s: %w",
+			u.Path, pcrList(b.pcrs), b, pcrList(u.PCRs), signer.ErrInvalidURI)
+	}
+	return nil
 }
 
 // curveFor maps an algorithm to a TPM curve, refusing what a TPM cannot hold.
@@ -308,6 +331,10 @@ func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm
 	if err != nil {
 		return nil, err
 	}
+	return b.generate(ctx, u, alg)
+}
+
+func (b *Backend) generate(ctx context.Context, u KeyURI, alg signer.Algorithm) (signer.Signer, error) {
 	curve, _, err := curveFor(alg)
 	if err != nil {
 		return nil, err
@@ -331,7 +358,7 @@ func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm
 		if err != nil {
 			return fmt.Errorf("create key (TPM2_Create): %w", err)
 		}
-		blob = &keyBlob{public: rsp.OutPublic, private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest, authorities: u.Authorities}
+		blob = &keyBlob{public: rsp.OutPublic, private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest, authorities: u.Authorities, binding: u.binding()}
 		return b.persistWithEvidence(t, u, parent, blob, rsp)
 	}))
 	if err != nil {
@@ -366,8 +393,9 @@ func prepareKey(t transport.TPM, u KeyURI, curve tpm2.TPMECCCurve) (pcrDigest, p
 		return nil, nil, nil, err
 	}
 	if len(u.Authorities) > 0 {
-		// Signed policies: nothing depends on the PCRs now.
-		if policy, _, err = authorizedPolicy(u.Authorities); err != nil {
+		// Signed policies: nothing depends on the PCRs' values now; the
+		// selection is bound in the policyRef.
+		if policy, _, err = authorizedPolicyRef(u.Authorities, u.binding().ref); err != nil {
 			return nil, nil, nil, err
 		}
 		parent, err = createSRK(t)
@@ -457,7 +485,7 @@ func (b *Backend) Import(ctx context.Context, uri string, key crypto.Signer) (si
 		if err != nil {
 			return fmt.Errorf("import key (TPM2_Import): %w", err)
 		}
-		blob = &keyBlob{public: tpm2.New2B(pub), private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest, authorities: u.Authorities}
+		blob = &keyBlob{public: tpm2.New2B(pub), private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest, authorities: u.Authorities, binding: u.binding()}
 		return b.persist(t, u, parent, blob)
 	}))
 	if err != nil {
@@ -571,7 +599,7 @@ func (b *Backend) persist(t transport.TPM, u KeyURI, parent *srk, blob *keyBlob)
 
 // finish opens the signer for a key just created.
 func (b *Backend) finish(ctx context.Context, u KeyURI, blob *keyBlob, how string) (*Signer, error) {
-	k := &keyMaterial{pcrs: u.PCRs, pcrDigest: blob.pcrDigest, authorities: blob.authorities}
+	k := &keyMaterial{pcrs: u.PCRs, pcrDigest: blob.pcrDigest, authorities: blob.authorities, binding: blob.binding}
 	if u.Path != "" {
 		k.blob = blob
 	}

@@ -113,6 +113,31 @@ type KeyURI struct {
 	// (authority=, set by the ceremony with WithAuthorities). For Open of
 	// a blob the authorities come from the blob, and these must equal them.
 	Authorities []*Authority
+	// Systemd (systemd=true) makes a new key under policy authorities
+	// systemd-compatible: empty policyRef, PCR 11 (SystemdBinding), so
+	// that systemd-measure's approvals satisfy it. For Open of a blob the
+	// blob says; a given systemd=true must agree.
+	Systemd bool
+	// legacy makes a new key under policy authorities a v1 key (PolicyRef,
+	// selection not bound). Only the tests of v1 compatibility set it:
+	// no URI can.
+	legacy bool
+}
+
+// binding is the binding of a key the URI creates (or of a handle= key,
+// which records none): systemd, or v2 over the URI's PCRs.
+func (u KeyURI) binding() Binding {
+	switch {
+	case u.Systemd:
+		return SystemdBinding()
+	case u.legacy:
+		return legacyBinding()
+	}
+	b, err := BindingForPCRs(u.PCRs)
+	if err != nil {
+		return Binding{} // unreachable: ParseURI checked the PCRs with the same rule
+	}
+	return b
 }
 
 // String renders the URI in canonical attribute order. It holds no secret.
@@ -134,6 +159,9 @@ func (u KeyURI) String() string {
 	}
 	if u.Approvals != "" {
 		parts = append(parts, "approvals="+u.Approvals)
+	}
+	if u.Systemd {
+		parts = append(parts, "systemd=true")
 	}
 	return Scheme + ":" + strings.Join(parts, ";")
 }
@@ -174,6 +202,9 @@ func ParseURI(uri string) (KeyURI, error) {
 	case len(p.u.Authorities) > 0 && p.u.Approvals == "":
 		return KeyURI{}, uriErr("a key under a policy authority needs its approvals directory (approvals=/dir)")
 	}
+	if err := p.systemd(); err != nil {
+		return KeyURI{}, err
+	}
 	return p.u, nil
 }
 
@@ -182,6 +213,21 @@ type uriParser struct {
 	u          KeyURI
 	seen       map[string]bool
 	deviceAttr string // the attribute that named the TPM, if any
+}
+
+// systemd checks systemd=true: the key is under a policy authority
+// (approvals=) and bound to PCR 11, the one systemd-measure signs for.
+func (p *uriParser) systemd() error {
+	switch {
+	case !p.u.Systemd:
+		return nil
+	case p.u.Approvals == "":
+		return uriErr("systemd=true applies to a key under a policy authority; name its approvals directory (approvals=/dir)")
+	case p.u.PCRsSet && !slices.Equal(p.u.PCRs, []int{SystemdPCR}):
+		return uriErr("systemd=true binds PCR %d, the one systemd-measure signs for, not pcrs=%s", SystemdPCR, pcrList(p.u.PCRs))
+	}
+	p.u.PCRs = []int{SystemdPCR}
+	return nil
 }
 
 // attribute checks the syntax of one key=value attribute and applies it.
@@ -224,8 +270,13 @@ func (p *uriParser) apply(k, v string) error {
 		p.u.Approvals, err = absCleanPath(k, v)
 	case "authority":
 		p.u.Authorities, err = parseAuthorities(v)
+	case "systemd":
+		if v != "true" {
+			return uriErr("systemd=%q: the only value is true", v)
+		}
+		p.u.Systemd = true
 	default:
-		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority)", k)
+		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority, systemd)", k)
 	}
 	return err
 }
@@ -294,13 +345,19 @@ func parseDevice(k, v string) (Device, error) {
 }
 
 // ParsePCRs parses a comma-separated list of sha256 PCR indices (0-23), no
-// duplicates, and returns it sorted.
+// duplicates, and returns it sorted. It is the one rule for every PCR
+// selection: keys, approvals, quotes and attestation. It refuses the PCRs
+// software can reset (ResettablePCR): a policy over them proves nothing.
 func ParsePCRs(v string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(v, ",") {
 		n, err := strconv.Atoi(f)
 		if err != nil || n < 0 || n > MaxPCR || strconv.Itoa(n) != f {
 			return nil, uriErr("pcrs: %q is not a PCR index 0-%d", f, MaxPCR)
+		}
+		if why := ResettablePCR(n); why != "" {
+			return nil, uriErr("pcrs: PCR %d %s, so a policy over it proves nothing about how the machine booted; "+
+				"bind to PCRs that only a reboot resets (0-15, e.g. 7, the Secure Boot state, the default)", n, why)
 		}
 		if slices.Contains(out, n) {
 			return nil, uriErr("pcrs: PCR %d given twice", n)
@@ -309,6 +366,28 @@ func ParsePCRs(v string) ([]int, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// ResettablePCR says why software can reset PCR n with TPM2_PCR_Reset
+// (TPM 2.0 Part 3 §22.3) on a PC Client platform, or "" if only a reboot
+// (or the hardware's own DRTM event) resets it. The TCG PC Client Platform
+// TPM Profile's PCR attributes (as in the reference implementation's
+// PCR.c): PCR 16 (debug) and 23 (application) reset from localities 0-3,
+// i.e. by any process that can open the TPM; PCRs 20-22 from locality 2,
+// the dynamically launched OS (after an Intel TXT / AMD SKINIT launch the
+// kernel, so root, holds it). PCRs 17-19 reset only from locality 4, which
+// only the DRTM hardware event reaches, and that event measures what it
+// launches: they stay allowed.
+func ResettablePCR(n int) string {
+	switch {
+	case n == 16:
+		return "is the debug PCR, which any process with TPM access can reset (TPM2_PCR_Reset from locality 0)"
+	case n == 23:
+		return "is the application PCR, which any process with TPM access can reset (TPM2_PCR_Reset from locality 0)"
+	case n >= 20 && n <= 22:
+		return "can be reset by the dynamically launched OS (TPM2_PCR_Reset from locality 2)"
+	}
+	return ""
 }
 
 // IsKeyURI reports whether uri names a key of this backend (its scheme is

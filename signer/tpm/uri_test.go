@@ -50,7 +50,19 @@ func TestParseURI(t *testing.T) {
 		{uri: "tpm:path=/a;swtpm=h:0", wantErr: "invalid port"},
 		{uri: "tpm:path=/a;swtpm=h:65536", wantErr: "invalid port"},
 		{uri: "tpm:path=/a;swtpm=h:02321", wantErr: "invalid port"},
+		{uri: "tpm:path=/a;approvals=/d;systemd=true",
+			want: KeyURI{Path: "/a", PCRs: []int{11}, Timeout: DefaultTimeout, Approvals: "/d", Systemd: true}},
+		{uri: "tpm:path=/a;pcrs=17,18,19",
+			want: KeyURI{Path: "/a", PCRs: []int{17, 18, 19}, PCRsSet: true, Timeout: DefaultTimeout}},
 		{uri: "tpm:path=/a;pcrs=24", wantErr: "PCR index"},
+		{uri: "tpm:path=/a;pcrs=16", wantErr: "PCR 16 is the debug PCR, which any process with TPM access can reset"},
+		{uri: "tpm:path=/a;pcrs=7,23", wantErr: "PCR 23 is the application PCR"},
+		{uri: "tpm:path=/a;pcrs=20", wantErr: "PCR 20 can be reset by the dynamically launched OS"},
+		{uri: "tpm:path=/a;pcrs=21", wantErr: "locality 2"},
+		{uri: "tpm:path=/a;pcrs=22", wantErr: "locality 2"},
+		{uri: "tpm:path=/a;systemd=true", wantErr: "approvals"},
+		{uri: "tpm:path=/a;approvals=/d;systemd=true;pcrs=7", wantErr: "binds PCR 11"},
+		{uri: "tpm:path=/a;approvals=/d;systemd=yes", wantErr: "only value"},
 		{uri: "tpm:path=/a;pcrs=7,7", wantErr: "twice"},
 		{uri: "tpm:path=/a;pcrs=7,", wantErr: "PCR index"},
 		{uri: "tpm:path=/a;pcrs=+7", wantErr: "PCR index"},
@@ -77,7 +89,8 @@ func TestParseURI(t *testing.T) {
 				t.Fatal(err)
 			}
 			if got.Path != tt.want.Path || got.Handle != tt.want.Handle || got.Device != tt.want.Device ||
-				!slices.Equal(got.PCRs, tt.want.PCRs) || got.PCRsSet != tt.want.PCRsSet || got.Timeout != tt.want.Timeout {
+				!slices.Equal(got.PCRs, tt.want.PCRs) || got.PCRsSet != tt.want.PCRsSet || got.Timeout != tt.want.Timeout ||
+				got.Approvals != tt.want.Approvals || got.Systemd != tt.want.Systemd {
 				t.Fatalf("ParseURI(%q) = %+v, want %+v", tt.uri, got, tt.want)
 			}
 			again, err := ParseURI(got.String())

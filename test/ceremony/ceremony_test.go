@@ -134,7 +134,7 @@ func lifecycle(t *testing.T, b backend) {
 	oldTC := lr.clients(d, oldURI)
 
 	// Rotation: both CAs' clients work during the overlap.
-	lr.run(append([]string{"rotate", "--new-signer", newURI, "--out", dir}, initArgs...)...)
+	lr.run(append([]string{"rotate", "--signer", oldURI, "--new-signer", newURI, "--out", dir}, initArgs...)...)
 	d.Stop(t)
 	d = startDaemon(t, dir, oldURI, env...)
 	newTC := filepath.Join(root, "new.talosconfig")
@@ -340,13 +340,17 @@ func importGenerated(t *testing.T, b backend, env []string, uri, root string) {
 func importTalosEd25519(t *testing.T, b backend, env []string, uri, out string) {
 	t.Helper()
 	secrets := filepath.Join("..", "..", "keystore", "testdata", "talos-secrets.yaml")
-	r := ceremony(t, env, "import", "--signer", uri, "--talos-secrets", secrets, "--out", out)
+	forWorkers := filepath.Join(t.TempDir(), "secrets-for-workers.yaml")
+	r := ceremony(t, env, "import", "--signer", uri, "--talos-secrets", secrets, "--talos-secrets-out", forWorkers, "--out", out)
 	if b.ed25519 {
 		if r.code != 0 {
 			t.Fatalf("Ed25519 import: %s", r)
 		}
 		if tok := strings.TrimSpace(string(readFile(t, filepath.Join(out, certdir.FileToken)))); tok != "oamejv.9tk1nhuwnlc2nghf" {
 			t.Errorf("the cluster's trustd token was not kept: %q", tok)
+		}
+		if !keystore.IsTalosWorkerSecrets(readFile(t, forWorkers), readFile(t, secrets)) || !strings.Contains(r.stdout, "--with-secrets "+forWorkers+" --config-patch-worker @") {
+			t.Errorf("no worker secrets file, or no talosctl command naming it:\n%s", r)
 		}
 		return
 	}

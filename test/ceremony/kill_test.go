@@ -40,7 +40,7 @@ func initArgs(root string) []string {
 }
 
 func rotateArgs(root string) []string {
-	return []string{"rotate", "--new-signer", fileKey(root, "new"), "--out", filepath.Join(root, "out")}
+	return []string{"rotate", "--signer", fileKey(root, "old"), "--new-signer", fileKey(root, "new"), "--out", filepath.Join(root, "out")}
 }
 
 var killScenarios = []killScenario{

@@ -133,11 +133,12 @@ func TestSignedPolicyWithDaemon(t *testing.T) {
 	ak, quote := filepath.Join(s.root, "ak.pem"), filepath.Join(s.root, "quote.json")
 	mustCeremony(t, nil, "policy", "quote", "--signer", s.uri, "--ak-out", ak)
 	mustCeremony(t, nil, "policy", "quote", "--signer", s.uri, "--nonce", "0011223344556677", "--out", quote)
-	r := ceremony(t, nil, "policy", "approve", "--authority", s.breakGlass, "--from-quote", quote, "--ak", ak, "--nonce", "8899aabbccddeeff", "--approvals", s.approvals, "--dir", s.dir)
+	r := ceremony(t, nil, "policy", "approve", "--authority", s.breakGlass, "--signer", s.uri, "--from-quote", quote, "--ak", ak, "--nonce", "8899aabbccddeeff", "--approvals", s.approvals, "--dir", s.dir)
 	if r.code != 1 || !strings.Contains(r.stderr, "nonce") {
 		t.Fatalf("approve with a wrong nonce: %s", r)
 	}
-	mustCeremony(t, nil, "policy", "approve", "--authority", s.breakGlass, "--from-quote", quote, "--ak", ak, "--nonce", "0011223344556677", "--approvals", s.approvals, "--dir", s.dir, "--note", "dbx 2026-12")
+	checkApproveSelection(t, s)
+	mustCeremony(t, nil, "policy", "approve", "--authority", s.breakGlass, "--signer", s.uri, "--from-quote", quote, "--ak", ak, "--nonce", "0011223344556677", "--approvals", s.approvals, "--dir", s.dir, "--note", "dbx 2026-12")
 	eventually(t, "signing after the approval", func() bool { return requestCode(t, s.d.Addr, s.wc) == codes.OK })
 	eventually(t, "ready", func() bool { return s.ready(t) })
 
@@ -156,7 +157,8 @@ func TestSignedPolicyWithDaemon(t *testing.T) {
 		t.Errorf("status does not name the quote's approval as the match: %+v", rs.SignedPolicy)
 	}
 	text := mustCeremony(t, nil, "status", "--signer", s.uri, "--ca", filepath.Join(s.dir, certdir.FileCACert))
-	for _, want := range []string{"authority:    sha256 " + rs.SignedPolicy.Authorities[1].Fingerprint, "approved by:  " + rs.SignedPolicy.Matching, "PCR state:    7="} {
+	for _, want := range []string{"authority:    sha256 " + rs.SignedPolicy.Authorities[1].Fingerprint, "approved by:  " + rs.SignedPolicy.Matching, "PCR state:    7=",
+		`key policy:   v2, policyRef "steward-trustd/os-ca/v2:000080", PCR selection sha256:7`} {
 		if !strings.Contains(text.stdout, want) {
 			t.Errorf("text status lacks %q:\n%s", want, text.stdout)
 		}
@@ -190,6 +192,30 @@ func fullStatus(t *testing.T, uri, ca string) keystore.Status {
 	return st
 }
 
+// checkApproveSelection: policy approve reads the key's bound PCR
+// selection from its blob (--key) and prints it first; an approval over
+// another selection (7,11) or a resettable PCR (16) is refused and
+// nothing is written.
+func checkApproveSelection(t *testing.T, s *signedPolicySetup) {
+	t.Helper()
+	u, err := tpm.ParseURI(s.uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := strings.Repeat("ab", 32)
+	out := filepath.Join(s.root, "refused.json")
+	r := ceremony(t, nil, "policy", "approve", "--authority", s.primary, "--key", u.Path, "--pcr", "7="+v, "--pcr", "11="+v, "--out", out)
+	if r.code != 1 || !strings.HasPrefix(r.stdout, `key policy: v2 (policyRef "steward-trustd/os-ca/v2:000080", PCR selection sha256:7)`) || !strings.Contains(r.stderr, "accepts only 7") {
+		t.Errorf("approve over pcrs 7,11 for a key bound to 7: %s", r)
+	}
+	if r := ceremony(t, nil, "policy", "approve", "--authority", s.primary, "--key", u.Path, "--pcr", "16="+v, "--out", out); r.code != 2 || !strings.Contains(r.stderr, "debug PCR") {
+		t.Errorf("approve over PCR 16: %s", r)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Error("a refused approval left a file")
+	}
+}
+
 // TestSignedPolicyQuoteRefusals: a quote checked against another TPM's
 // attestation key, or with altered values, approves nothing.
 func TestSignedPolicyQuoteRefusals(t *testing.T) {
@@ -203,7 +229,7 @@ func TestSignedPolicyQuoteRefusals(t *testing.T) {
 	mustCeremony(t, nil, "policy", "quote", "--signer", uri(other), "--ak-out", otherAK)
 	mustCeremony(t, nil, "policy", "quote", "--signer", uri(sw), "--nonce", "abcd", "--out", quote)
 	approve := func(akFile string) result {
-		return ceremony(t, nil, "policy", "approve", "--authority", auth, "--from-quote", quote, "--ak", akFile, "--nonce", "abcd", "--out", filepath.Join(root, "a.json"))
+		return ceremony(t, nil, "policy", "approve", "--authority", auth, "--signer", "tpm:handle=0x81000100;"+sw.URIAttrs(), "--from-quote", quote, "--ak", akFile, "--nonce", "abcd", "--out", filepath.Join(root, "a.json"))
 	}
 	if r := approve(otherAK); r.code != 1 || !strings.Contains(r.stderr, "attestation key") {
 		t.Errorf("quote checked against another TPM's AK: %s", r)
@@ -240,7 +266,7 @@ func TestMigrateToSignedPolicy(t *testing.T) {
 	mustCeremony(t, nil, "init", "--signer", old, "--pcrs", "7", "--cluster", "m", "--out", dir)
 	auth := devtest.FileKey(t, root, "authority")
 	next := "tpm:path=" + filepath.Join(root, "new.tpmkey") + ";" + sw.URIAttrs() + ";approvals=" + filepath.Join(root, "approvals")
-	mustCeremony(t, nil, "rotate", "--new-signer", next, "--policy-authority", auth, "--out", dir)
+	mustCeremony(t, nil, "rotate", "--signer", old, "--new-signer", next, "--policy-authority", auth, "--out", dir)
 	if r := ceremony(t, nil, "rotate", "--finish", "--new-signer", next, "--policy-authority", auth, "--out", dir); r.code != 2 {
 		t.Errorf("--policy-authority with --finish: %s", r)
 	}
@@ -253,5 +279,37 @@ func TestMigrateToSignedPolicy(t *testing.T) {
 	mustCeremony(t, nil, "policy", "approve", "--authority", auth, "--signer", next, "--dir", dir)
 	if st := fullStatus(t, next, filepath.Join(dir, certdir.FileCACert)); !st.PolicySatisfied {
 		t.Fatalf("the migrated key does not survive a PCR change: %s", st.PolicyError)
+	}
+}
+
+// TestSystemdCompatibleInit: the authority is made with policy authority
+// create (RSA, to share with systemd-measure); init --systemd-compatible
+// creates a key whose policy names the empty policyRef and PCR 11,
+// approves today's PCR 11 with it and self-signs the CA through it;
+// status shows the binding with its warning and the authority's
+// systemd-measure pkfp. Approvals over PCR 7 are refused for that key.
+func TestSystemdCompatibleInit(t *testing.T) {
+	requireScheme(t, "tpm")
+	sw := tpmsim.StartSwtpm(t, tpmsim.SwtpmOptions{})
+	root := t.TempDir()
+	auth := "file:" + filepath.Join(root, "pcr-signing.key")
+	created := mustCeremony(t, nil, "policy", "authority", "create", "--key", auth, "--algorithm", "rsa2048", "--public-out", filepath.Join(root, "pcr-signing.pub"))
+	if !strings.Contains(created.stdout, "systemd pkfp: ") {
+		t.Fatalf("authority create: %s", created)
+	}
+	dir := filepath.Join(root, "ceremony")
+	uri := "tpm:path=" + filepath.Join(root, "ca.tpmkey") + ";" + sw.URIAttrs() + ";approvals=" + filepath.Join(root, "approvals")
+	r := mustCeremony(t, nil, "init", "--signer", uri, "--policy-authority", auth, "--systemd-compatible", "--cluster", "sd", "--out", dir)
+	if !strings.Contains(r.stdout, `key policy: systemd (policyRef "", PCR selection sha256:11)`) {
+		t.Errorf("init does not print the key's binding first:\n%s", r.stdout)
+	}
+	text := mustCeremony(t, nil, "status", "--signer", uri, "--ca", filepath.Join(dir, certdir.FileCACert))
+	for _, want := range []string{`key policy:   systemd, policyRef "", PCR selection sha256:11`, "WARNING:      systemd-compatible key", "systemd-measure pkfp ", "PCR state:    11="} {
+		if !strings.Contains(text.stdout, want) {
+			t.Errorf("status lacks %q:\n%s", want, text.stdout)
+		}
+	}
+	if r := ceremony(t, nil, "policy", "approve", "--authority", auth, "--key", filepath.Join(root, "ca.tpmkey"), "--pcr", "7="+strings.Repeat("ab", 32), "--out", filepath.Join(root, "p7.json")); r.code != 1 || !strings.Contains(r.stderr, "accepts only 11") {
+		t.Errorf("approve over PCR 7 for a systemd key: %s", r)
 	}
 }

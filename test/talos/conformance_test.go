@@ -189,3 +189,17 @@ func TestInlineConfiguration(t *testing.T) {
 		t.Fatal("a secret from the environment appears in the log")
 	}
 }
+
+// TestServerCrtLackingCertSANs: gencreds' server.crt (127.0.0.1,
+// localhost) wins over TRUSTD_CERT_SANS; the daemon says so at start,
+// naming the missing address, instead of letting workers fail TLS.
+func TestServerCrtLackingCertSANs(t *testing.T) {
+	certs := gencreds(t)
+	d := startDaemon(t, "TRUSTD_CERT_DIR="+certs, "TRUSTD_CERT_SANS=203.0.113.10,127.0.0.1")
+	eventually(t, 10*time.Second, "the missing-SAN warning", func() bool {
+		return strings.Contains(d.Logs(), "does not name these TRUSTD_CERT_SANS entries")
+	})
+	if logs := d.Logs(); !strings.Contains(logs, "203.0.113.10") || strings.Count(logs, "does not name these TRUSTD_CERT_SANS") != 1 {
+		t.Errorf("want one warning naming 203.0.113.10:\n%s", logs)
+	}
+}

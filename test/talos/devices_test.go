@@ -231,23 +231,9 @@ func TestPKCS11Backend(t *testing.T) {
 		}
 	})
 	t.Run("token removed and restored", func(t *testing.T) {
-		c := d.client(t)
 		if err := tok.Remove(); err != nil {
 			t.Fatal(err)
 		}
-		restored := false
-		defer func() {
-			if !restored {
-				_ = tok.Restore()
-			}
-		}()
-		eventually(t, 20*time.Second, "Unavailable with the token gone", func() bool { return d.request(c) == codes.Unavailable })
-		eventually(t, 10*time.Second, "readyz 503 with the token gone", func() bool { return get(d.health+"/readyz") == 503 })
-		if err := tok.Restore(); err != nil {
-			t.Fatal(err)
-		}
-		restored = true
-		eventually(t, 30*time.Second, "issuance after the token returned", func() bool { return d.request(c) == codes.OK })
-		eventually(t, 10*time.Second, "readyz 200 after the token returned", func() bool { return get(d.health+"/readyz") == 200 })
+		d.lostAndBack(t, tok.Restore)
 	})
 }

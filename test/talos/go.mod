@@ -9,6 +9,7 @@ require (
 	github.com/siderolabs/talos v1.14.1
 	github.com/siderolabs/talos/pkg/machinery v1.14.1
 	github.com/steward-trustd/steward-trustd v0.0.0-00010101000000-000000000000
+	go.yaml.in/yaml/v4 v4.0.0-rc.6
 	golang.org/x/net v0.60.0
 	golang.org/x/sys v0.48.0
 	google.golang.org/grpc v1.85.0

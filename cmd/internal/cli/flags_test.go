@@ -103,7 +103,9 @@ func TestPCRsVar(t *testing.T) {
 	}{
 		{"7", []int{7}, ""},
 		{"11,7", []int{7, 11}, ""},
-		{"0,23", []int{0, 23}, ""},
+		{"0,19", []int{0, 19}, ""},
+		{"7,16", nil, "PCR 16 is the debug PCR"},
+		{"23", nil, "PCR 23 is the application PCR"},
 		{"24", nil, "not a PCR index 0-23"},
 		{"7,7", nil, "PCR 7 given twice"},
 		{"7,", nil, "not a PCR index"},

@@ -1,0 +1,5 @@
+//go:build !race
+
+package harden
+
+const raceBuild = false
