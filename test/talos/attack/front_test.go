@@ -64,14 +64,14 @@ type frontDaemon struct {
 func TestFrontDoor(t *testing.T) {
 	d := startFrontDaemon(t)
 	cases := []frontCase{
-		{name: "plain-TCP flood, 130 addresses, workers 25 ms away", srcs: rangeAddrs("127.1.0.", 130), slots: 130, action: silentSocket,
+		{name: "plain-TCP flood from 130 addresses with workers 25 ms away", srcs: rangeAddrs("127.1.0.", 130), slots: 130, action: silentSocket,
 			delay: 25 * time.Millisecond, minOK: 0.9, grow: []string{`trustd_connections_refused_total{limit="no_data"}`},
 			bounds: map[string]float64{`trustd_connections_open{state="unauthenticated"}`: 64}},
-		{name: "token holders with empty CSRs, 5 addresses x 64", srcs: rangeAddrs("127.2.0.", 5), slots: 320, action: emptyCSRHolder(d),
+		{name: "token holders with empty CSRs from 5 addresses x 64", srcs: rangeAddrs("127.2.0.", 5), slots: 320, action: emptyCSRHolder(d),
 			minOK: 0.9, grow: []string{`trustd_token_bad_requests_total{fingerprint="` + tokenFingerprint(d.token) + `"}`},
 			// Only workers' requests in flight are authenticated.
 			bounds: map[string]float64{`trustd_connections_open{state="authenticated"}`: 16}},
-		{name: "reset race, 2000 resets from one address", srcs: []string{"127.3.0.1"}, slots: 8, action: resetRace(250),
+		{name: "reset race of 2000 resets from one address", srcs: []string{"127.3.0.1"}, slots: 8, action: resetRace(250),
 			minOK: 0.99, bounds: map[string]float64{`trustd_connections_open{state="unauthenticated"}`: 1024},
 			after: func(t *testing.T, d *frontDaemon) {
 				waitGaugeZero(t, d.metricsURL, `trustd_connections_open{state="unauthenticated"}`)
