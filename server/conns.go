@@ -15,13 +15,14 @@ import (
 // that has not carried an authenticated request within seconds is not a
 // worker. Zero values take the defaults documented on each field.
 type ConnLimits struct {
-	// MaxConnections bounds open connections (default 2048; an idle
-	// connection costs ~20 KiB, see the README). At the cap, new
+	// MaxConnections bounds open connections (default 2048; a connection
+	// through its TLS and HTTP/2 set-up costs ~40 KiB, see the README). At the cap, new
 	// connections wait in the kernel's accept queue until a slot frees or
 	// an unauthenticated connection has had its EvictionGrace.
 	MaxConnections int
-	// MaxUnauthenticated bounds connections that carry no request that
-	// passed the token and the request checks (default MaxConnections/2).
+	// MaxUnauthenticated bounds connections that carry no request in
+	// flight that passed the token and the request checks and have not
+	// been served (default MaxConnections/2).
 	// When full, a new connection evicts one of them: silent before those
 	// that sent data, the busiest address and prefixes first, the oldest
 	// first, never one younger than EvictionGrace.
