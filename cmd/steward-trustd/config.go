@@ -51,7 +51,7 @@ func settings() []setting {
 		{"peer-burst", "TRUSTD_PEER_BURST", "burst of requests allowed from one address (default 20)", false},
 		{"bad-token-burst", "TRUSTD_BAD_TOKEN_BURST", "wrong tokens one address may send before it is slowed down (default 5)", false},
 		{"bad-token-rate", "TRUSTD_BAD_TOKEN_RATE", "further wrong-token attempts per second such an address earns back, -1 for no limit (default 0.1)", false},
-		{"max-connections", "TRUSTD_MAX_CONNECTIONS", "open connections at once (~43 KiB each); when full, more wait in the kernel's accept queue (default 2048)", false},
+		{"max-connections", "TRUSTD_MAX_CONNECTIONS", "open connections at once (~40 KiB each); when full, more wait in the kernel's accept queue (default 2048)", false},
 		{"max-unauthenticated-connections", "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS", "connections without a request that passed the token and CSR checks; when full, one of them is closed: silent first, then the busiest address and prefixes, never one younger than eviction-grace (default half of max-connections)", false},
 		{"max-connections-per-address", "TRUSTD_MAX_CONNECTIONS_PER_ADDRESS", "open connections from one source address; more are closed at once (default 64)", false},
 		{"handshake-timeout", "TRUSTD_HANDSHAKE_TIMEOUT", "time for a connection's TLS and HTTP/2 set-up (default 5s)", false},
