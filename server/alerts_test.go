@@ -56,6 +56,7 @@ func startMetrics(t *testing.T) map[string]bool {
 		reg := prometheus.NewRegistry()
 		m := NewMetrics(reg, "tpm", extractable)
 		m.setConnLimits(ConnLimits{MaxConnections: 256, MaxUnauthenticated: 128, MaxPerAddress: 64})
+		m.SetTokens(nil, []string{"9f86d081884c7d65"}) // as New does for the token file
 		registerIssuerExpiry(t, reg)
 		families, err := reg.Gather()
 		if err != nil {

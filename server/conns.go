@@ -1,12 +1,12 @@
 package server
 
 import (
-	"container/list"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -15,24 +15,59 @@ import (
 // that has not carried an authenticated request within seconds is not a
 // worker. Zero values take the defaults documented on each field.
 type ConnLimits struct {
-	// MaxConnections bounds open connections (default 256). When every
-	// one has authenticated, further ones wait in the kernel's accept
-	// queue.
+	// MaxConnections bounds open connections (default 2048; a connection
+	// through its TLS and HTTP/2 set-up costs ~40 KiB, see the README). At the cap, new
+	// connections wait in the kernel's accept queue until a slot frees or
+	// an unauthenticated connection has had its EvictionGrace.
 	MaxConnections int
-	// MaxUnauthenticated bounds connections that have not yet carried a
-	// request with a valid token (default MaxConnections/2). When full, a
-	// new connection evicts the oldest unauthenticated connection of the
-	// address that holds the most, so a flood from some addresses cannot
-	// crowd out a worker on another.
+	// MaxUnauthenticated bounds connections that carry no request in
+	// flight that passed the token and the request checks and have not
+	// been served (default MaxConnections/2).
+	// When full, a new connection evicts one of them: silent before those
+	// that sent data, the busiest address and prefixes first, the oldest
+	// first, never one younger than EvictionGrace.
 	MaxUnauthenticated int
 	// MaxPerAddress bounds open connections from one source address,
 	// checked before any other slot is taken (default 64).
 	MaxPerAddress int
+	// MaxAuthenticatedPerPrefix bounds the authenticated connections of
+	// each prefix of PrefixesV4/PrefixesV6 (default MaxConnections/2);
+	// beyond it a request is still served, on a connection that stays
+	// evictable.
+	MaxAuthenticatedPerPrefix int
+	// PrefixesV4 and PrefixesV6 are the prefix lengths over which
+	// "busiest" is counted besides single addresses (default /24 and /16;
+	// /64 and /48).
+	PrefixesV4, PrefixesV6 []int
+	// KnownWorkerReserve is the share of MaxUnauthenticated that
+	// connections from unknown addresses cannot take: it is kept for
+	// addresses whose requests passed within KnownWorkerTTL (default a
+	// quarter).
+	KnownWorkerReserve int
+	// KnownWorkerTTL is how long an address stays known (default 25h: a
+	// worker renews every 12 h).
+	KnownWorkerTTL time.Duration
+	// MaxKnownWorkers bounds the known addresses (default 65536).
+	MaxKnownWorkers int
+	// EvictionGrace is how long a new connection keeps its slot whatever
+	// comes after it (default 2s): time for a worker a WAN away to finish
+	// its handshake and send its request.
+	EvictionGrace time.Duration
+	// DeferAccept is how long the kernel holds a connection that has sent
+	// nothing before handing it over (TCP_DEFER_ACCEPT, default 3s; < 0:
+	// off); one handed over still silent is closed at once.
+	DeferAccept time.Duration
 	// HandshakeTimeout bounds the TLS and HTTP/2 set-up (default 5s).
 	HandshakeTimeout time.Duration
-	// AuthTimeout closes a connection that has not carried a request with
-	// a valid token this long after it was accepted (default 10s).
+	// AuthTimeout closes a connection that has not carried an
+	// authenticated request this long after it was accepted (default 10s).
 	AuthTimeout time.Duration
+	// RequestIdleTimeout is how long a connection without a request in
+	// flight may stay (default 2s: sooner than AuthTimeout, since a token
+	// is no lease on a slot): gRPC sends it a GOAWAY then, and the
+	// listener closes a served one that is still open twice as long after
+	// its last request.
+	RequestIdleTimeout time.Duration
 	// FirstMessageTimeout resets a stream whose request message has not
 	// arrived this long after its headers (default 2s).
 	FirstMessageTimeout time.Duration
@@ -46,12 +81,28 @@ type ConnLimits struct {
 }
 
 func (c ConnLimits) withDefaults() ConnLimits {
-	setDefault(&c.MaxConnections, 256)
+	setDefault(&c.MaxConnections, 2048)
 	setDefault(&c.MaxUnauthenticated, max(c.MaxConnections/2, 1))
 	c.MaxUnauthenticated = min(c.MaxUnauthenticated, c.MaxConnections)
 	setDefault(&c.MaxPerAddress, 64)
+	setDefault(&c.MaxAuthenticatedPerPrefix, max(c.MaxConnections/2, 1))
+	if c.PrefixesV4 == nil {
+		c.PrefixesV4 = []int{24, 16}
+	}
+	if c.PrefixesV6 == nil {
+		c.PrefixesV6 = []int{64, 48}
+	}
+	setDefault(&c.KnownWorkerReserve, c.MaxUnauthenticated/4)
+	c.KnownWorkerReserve = min(c.KnownWorkerReserve, c.MaxUnauthenticated-1)
+	setDefault(&c.KnownWorkerTTL, 25*time.Hour)
+	setDefault(&c.MaxKnownWorkers, 65536)
+	setDefault(&c.EvictionGrace, 2*time.Second)
+	if c.DeferAccept == 0 {
+		c.DeferAccept = 3 * time.Second
+	}
 	setDefault(&c.HandshakeTimeout, 5*time.Second)
 	setDefault(&c.AuthTimeout, 10*time.Second)
+	setDefault(&c.RequestIdleTimeout, 2*time.Second)
 	setDefault(&c.FirstMessageTimeout, 2*time.Second)
 	setDefault(&c.IdleTimeout, 30*time.Second)
 	setDefault(&c.MaxAgeGrace, 10*time.Second)
@@ -66,12 +117,15 @@ func setDefault[T int | time.Duration](v *T, def T) {
 }
 
 // Reasons a connection is refused or closed by a limit; the label of
-// trustd_connections_closed_total.
+// trustd_connections_refused_total and trustd_connections_closed_total.
 const (
 	closedPerAddress   = "per_address"
+	closedNoData       = "no_data" // handed over by the kernel without a byte sent
+	closedNoRoom       = "no_room" // every slot turned young or authenticated between the wait and the accept
 	closedEvicted      = "unauthenticated_evicted"
 	closedAuthTimeout  = "auth_timeout"
 	closedHandshake    = "handshake_timeout"
+	closedRequestIdle  = "request_idle_timeout"
 	closedFirstMessage = "first_message_timeout"
 	closedNotReady     = "signer_not_ready"
 )
@@ -82,6 +136,32 @@ const (
 	abandonedHandshake     = "handshake"
 	abandonedBeforeRequest = "before_request"
 )
+
+// Kinds of accept failure; the label of trustd_accept_errors_total.
+const (
+	acceptFDExhausted = "fd_exhausted"
+	acceptOther       = "other"
+)
+
+// acceptErrorKind names an accept error: out of file descriptors (EMFILE,
+// ENFILE) or anything else.
+func acceptErrorKind(err error) string {
+	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+		return acceptFDExhausted
+	}
+	return acceptOther
+}
+
+// Front-door states: the label of trustd_front_door_state and the key of
+// their log lines.
+const (
+	frontEvicting        = "evicting"
+	frontConnectionsFull = "connections_full"
+	frontAcceptFailing   = "accept_failing"
+)
+
+// frontStates are the front-door states.
+func frontStates() []string { return []string{frontEvicting, frontConnectionsFull, frontAcceptFailing} }
 
 // errListenerClosed is returned by Accept once the listener is closed.
 var errListenerClosed = errors.New("listener closed")
@@ -96,42 +176,47 @@ type connListener struct {
 	metrics *Metrics
 	state   *stateLog
 	now     func() time.Time
+	// silent reports a connection that has sent nothing yet; deferring
+	// is set when the kernel holds such connections back (DeferAccept),
+	// so that every admitted one has sent its first bytes.
+	silent    func(net.Conn) bool
+	deferring bool
 
 	admitted chan net.Conn
 	done     chan struct{}
+	room     chan struct{} // a slot may have freed
 	stopOnce sync.Once
 
-	mu         sync.Mutex
-	room       *sync.Cond
-	conns      map[netip.AddrPort]*trackedConn
-	perAddr    map[netip.Addr]*addrCount
-	unauth     *list.List // of *trackedConn, oldest first
-	closed     bool
-	acceptErr  error
-	waitingAll bool // every slot is held by an authenticated connection
-	// stuckSince is when new connections started waiting (all slots
-	// authenticated) or accepting started failing; zero while fine.
-	stuckSince time.Time
-	// stuckGrace is how long that may last before the listener reports
+	mu           sync.Mutex
+	table        *connTable
+	closed       bool
+	acceptErr    error
+	lastEviction time.Time
+	// waitSince is when the accept loop started leaving connections in
+	// the kernel's queue (every slot taken), failSince when accepting
+	// started failing; zero while fine.
+	waitSince, failSince time.Time
+	// stuckGrace is how long either may last before the listener reports
 	// that it cannot take workers (default 10s): a fleet power-up fills
 	// the slots for moments, which is no reason to leave the Service.
 	stuckGrace time.Duration
 }
 
-type addrCount struct{ total, unauth int }
-
 // newConnListener wraps inner. Run must be called for connections to flow.
 func newConnListener(inner net.Listener, cfg ConnLimits, m *Metrics, st *stateLog) *connListener {
+	cfg = cfg.withDefaults()
 	l := &connListener{
-		inner: inner, cfg: cfg.withDefaults(), metrics: m, state: st, now: time.Now,
+		inner: inner, cfg: cfg, metrics: m, state: st, now: time.Now,
 		stuckGrace: 10 * time.Second,
 		admitted:   make(chan net.Conn),
 		done:       make(chan struct{}),
-		conns:      map[netip.AddrPort]*trackedConn{},
-		perAddr:    map[netip.Addr]*addrCount{},
-		unauth:     list.New(),
+		room:       make(chan struct{}, 1),
+		table:      newConnTable(cfg),
+		silent:     func(net.Conn) bool { return false },
 	}
-	l.room = sync.NewCond(&l.mu)
+	if cfg.DeferAccept > 0 && deferAccept(inner, cfg.DeferAccept) == nil {
+		l.silent, l.deferring = silentConn, true
+	}
 	m.setConnLimits(l.cfg)
 	return l
 }
@@ -142,7 +227,7 @@ func (l *connListener) Addr() net.Addr { return l.inner.Addr() }
 // Run accepts and admits connections until the listener is closed; it
 // returns the socket's error, or nil after Close.
 func (l *connListener) Run() error {
-	for {
+	for l.waitForRoom() {
 		c, err := l.inner.Accept()
 		if err != nil {
 			if l.retryAccept(err) {
@@ -160,6 +245,60 @@ func (l *connListener) Run() error {
 			}
 		}
 	}
+	return nil
+}
+
+// waitForRoom leaves new connections in the kernel's accept queue while
+// no slot can be had: every slot is held by an authenticated connection,
+// or the unauthenticated ones are all younger than EvictionGrace (a
+// connection already accepted keeps its chance to send its token). It
+// reports false once the listener is closed.
+func (l *connListener) waitForRoom() bool {
+	for {
+		l.mu.Lock()
+		d := l.table.wait(l.now())
+		closed := l.closed
+		l.setWaitingLocked(d != 0 && !closed)
+		l.mu.Unlock()
+		if closed || d == 0 {
+			return !closed
+		}
+		l.sleep(d)
+	}
+}
+
+// sleep waits for a freed slot, the end of the listener, or d (d < 0:
+// no time limit).
+func (l *connListener) sleep(d time.Duration) {
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-l.room:
+	case <-timeout:
+	case <-l.done:
+	}
+}
+
+func (l *connListener) setWaitingLocked(waiting bool) {
+	switch {
+	case !waiting:
+		l.waitSince = time.Time{}
+	case l.waitSince.IsZero():
+		l.waitSince = l.now()
+	}
+	l.state.set(frontConnectionsFull, waiting, "every connection slot is taken; new connections wait in the kernel's accept queue (raise TRUSTD_MAX_CONNECTIONS if this lasts)")
+}
+
+// freed wakes the accept loop: a slot may have become free.
+func (l *connListener) freed() {
+	select {
+	case l.room <- struct{}{}:
+	default:
+	}
 }
 
 // retryAccept waits a little after a temporary accept error (EMFILE:
@@ -170,10 +309,13 @@ func (l *connListener) retryAccept(err error) bool {
 	if !errors.As(err, &te) || !te.Temporary() {
 		return false
 	}
+	l.metrics.acceptFailed(acceptErrorKind(err))
 	l.mu.Lock()
-	l.setStuckLocked(true)
+	if l.failSince.IsZero() {
+		l.failSince = l.now()
+	}
 	l.mu.Unlock()
-	l.state.set("accept_failing", true, "accepting connections fails (out of file descriptors?); retrying")
+	l.state.set(frontAcceptFailing, true, "accepting connections fails: out of file descriptors (raise LimitNOFILE, or lower TRUSTD_MAX_CONNECTIONS); retrying")
 	select {
 	case <-l.done:
 		return false
@@ -184,20 +326,9 @@ func (l *connListener) retryAccept(err error) bool {
 
 func (l *connListener) acceptRecovered() {
 	l.mu.Lock()
-	l.setStuckLocked(l.waitingAll)
+	l.failSince = time.Time{}
 	l.mu.Unlock()
-	l.state.set("accept_failing", false, "accepting connections fails (out of file descriptors?); retrying")
-}
-
-// setStuckLocked starts or ends a period in which new connections cannot
-// be taken.
-func (l *connListener) setStuckLocked(stuck bool) {
-	switch {
-	case !stuck:
-		l.stuckSince = time.Time{}
-	case l.stuckSince.IsZero():
-		l.stuckSince = l.now()
-	}
+	l.state.set(frontAcceptFailing, false, "accepting connections fails: out of file descriptors (raise LimitNOFILE, or lower TRUSTD_MAX_CONNECTIONS); retrying")
 }
 
 func (l *connListener) acceptFailed(err error) error {
@@ -210,181 +341,136 @@ func (l *connListener) acceptFailed(err error) error {
 	return err
 }
 
-// waitForRoomLocked blocks while every slot is held by an authenticated
-// connection: those are workers being served, and end within seconds.
-// Meanwhile further connections wait in the kernel's accept queue. It
-// reports false if the listener was closed.
-func (l *connListener) waitForRoomLocked() bool {
-	for !l.closed && l.fullLocked() {
-		l.setWaitingAll(true)
-		l.room.Wait()
-	}
-	l.setWaitingAll(false)
-	return !l.closed
-}
-
-func (l *connListener) fullLocked() bool {
-	return len(l.conns) >= l.cfg.MaxConnections && l.unauth.Len() == 0
-}
-
-func (l *connListener) setWaitingAll(v bool) {
-	if l.waitingAll != v {
-		l.waitingAll = v
-		l.setStuckLocked(v)
-		l.state.set("connections_full", v, "every connection slot is held by an authenticated worker; new connections wait in the kernel's accept queue (raise TRUSTD_MAX_CONNECTIONS if this lasts)")
-	}
-}
-
-// admit applies the per-address cap, then makes room among the
-// unauthenticated connections, and starts the connection's deadline.
+// admit closes a connection that has sent nothing, applies the
+// per-address cap, then makes room, and starts the connection's deadline.
 func (l *connListener) admit(c net.Conn) *trackedConn {
+	if l.silent(c) {
+		l.refuse(c, closedNoData, "connections closed: handed over by the kernel after TRUSTD_DEFER_ACCEPT without a byte sent", nil)
+		return nil
+	}
 	ap := addrPortOf(c.RemoteAddr())
 	l.mu.Lock()
-	pa := l.perAddr[ap.Addr()]
-	if pa != nil && pa.total >= l.cfg.MaxPerAddress {
+	if l.table.perAddress(ap.Addr()) >= l.cfg.MaxPerAddress {
 		l.mu.Unlock()
-		// Counted before the close, so that the refusal is visible by the
-		// time the client sees it.
-		l.metrics.connRefused(closedPerAddress)
-		l.state.event(closedPerAddress, "connections refused: an address reached TRUSTD_MAX_CONNECTIONS_PER_ADDRESS", "address", ap.Addr().String())
-		c.Close()
+		l.refuse(c, closedPerAddress, "connections refused: an address reached TRUSTD_MAX_CONNECTIONS_PER_ADDRESS", []any{"address", ap.Addr().String()})
 		return nil
 	}
-	if !l.waitForRoomLocked() {
+	now := l.now()
+	victim, refuse := l.table.victim(ap.Addr(), now)
+	if refuse {
 		l.mu.Unlock()
-		c.Close()
+		l.refuse(c, closedNoRoom, "connections refused: no slot could be freed for them (every connection is younger than TRUSTD_EVICTION_GRACE or carries a request); raise TRUSTD_MAX_CONNECTIONS if this lasts", nil)
 		return nil
 	}
-	var victim *trackedConn
-	if l.unauth.Len() >= l.cfg.MaxUnauthenticated || len(l.conns) >= l.cfg.MaxConnections {
-		victim = l.victimLocked()
-	}
-	tc := l.trackLocked(c, ap)
+	reason := l.dropLocked(victim)
+	tc := l.trackLocked(c, ap, now)
 	l.mu.Unlock()
 	if victim != nil {
-		victim.closeFor(closedEvicted)
-		l.state.event(closedEvicted, "unauthenticated connection limit reached: evicting the oldest unauthenticated connections of the busiest addresses")
+		l.metrics.connClosed(reason)
+		l.state.event(reason, "connection limit reached: evicting unauthenticated connections (silent first, then the busiest addresses and prefixes)")
+		victim.Conn.Close()
 	}
 	return tc
 }
 
-// victimLocked picks the oldest unauthenticated connection of the address
-// holding the most of them, and forgets it at once so that its slot is
-// free for the new connection.
-func (l *connListener) victimLocked() *trackedConn {
-	var busiest netip.Addr
-	most := 0
-	for a, pa := range l.perAddr {
-		if pa.unauth > most {
-			busiest, most = a, pa.unauth
-		}
-	}
-	for e := l.unauth.Front(); e != nil; e = e.Next() {
-		if tc := e.Value.(*trackedConn); most <= 1 || tc.key.Addr() == busiest {
-			l.untrackLocked(tc)
-			return tc
-		}
-	}
-	return nil
+// refuse closes c at once for reason; counted before the close, so that
+// the refusal is visible by the time the client sees it.
+func (l *connListener) refuse(c net.Conn, reason, msg string, attrs []any) {
+	l.metrics.connRefused(reason)
+	l.state.event(reason, msg, attrs...)
+	c.Close()
 }
 
-func (l *connListener) trackLocked(c net.Conn, ap netip.AddrPort) *trackedConn {
-	tc := &trackedConn{Conn: c, l: l, key: ap, accepted: l.now()}
-	tc.elem = l.unauth.PushBack(tc)
-	l.conns[ap] = tc
-	pa := l.perAddr[ap.Addr()]
-	if pa == nil {
-		pa = &addrCount{}
-		l.perAddr[ap.Addr()] = pa
+// dropLocked forgets victim (if any) so that its slot is free for the
+// newcomer, and names why it goes.
+func (l *connListener) dropLocked(victim *trackedConn) string {
+	if victim == nil {
+		return ""
 	}
-	pa.total++
-	pa.unauth++
-	tc.timer = time.AfterFunc(l.cfg.HandshakeTimeout, func() { tc.closeFor(closedHandshake) })
-	l.metrics.connOpened()
+	l.lastEviction = l.now()
+	l.untrackLocked(victim)
+	return closedEvicted
+}
+
+func (l *connListener) trackLocked(c net.Conn, ap netip.AddrPort, now time.Time) *trackedConn {
+	tc := &trackedConn{Conn: c, l: l, addr: ap.Addr(), accepted: now, sentData: l.deferring}
+	tc.remote = &connAddr{Addr: c.RemoteAddr(), conn: tc}
+	l.table.add(tc, now)
+	tc.armLocked(l.cfg.HandshakeTimeout, closedHandshake)
+	l.metrics.connMoved("", stateUnauthenticated)
 	return tc
 }
 
 // untrackLocked forgets tc; it reports false if it was already gone.
 func (l *connListener) untrackLocked(tc *trackedConn) bool {
-	if l.conns[tc.key] != tc {
+	state := tc.state
+	if !l.table.remove(tc) {
 		return false
 	}
-	delete(l.conns, tc.key)
-	l.leaveUnauthLocked(tc)
-	pa := l.perAddr[tc.key.Addr()]
-	pa.total--
-	if pa.total == 0 {
-		delete(l.perAddr, tc.key.Addr())
-	}
-	tc.timer.Stop()
-	l.metrics.connGone(tc.authenticated)
-	l.room.Signal()
+	tc.disarmLocked()
+	l.metrics.connMoved(state, "")
+	l.freed()
 	return true
 }
 
-// unauthenticatedLocked returns the open, not yet authenticated
-// connection from ap, or nil.
-func (l *connListener) unauthenticatedLocked(ap netip.AddrPort) *trackedConn {
-	tc := l.conns[unmapped(ap)]
-	if tc == nil || tc.authenticated {
-		return nil
-	}
-	return tc
-}
-
-// established records that the connection from ap finished its TLS and
-// HTTP/2 set-up: its deadline becomes the authentication deadline.
-func (l *connListener) established(ap netip.AddrPort) {
+// established records that tc finished its TLS and HTTP/2 set-up: its
+// deadline becomes the authentication deadline.
+func (l *connListener) established(tc *trackedConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if tc := l.unauthenticatedLocked(ap); tc != nil {
+	if tc.state == stateUnauthenticated && !tc.setUp {
 		tc.setUp = true
-		tc.timer.Stop()
 		left := l.cfg.AuthTimeout - l.now().Sub(tc.accepted)
-		tc.timer = time.AfterFunc(max(left, 0), func() { tc.closeFor(closedAuthTimeout) })
+		tc.armLocked(max(left, 0), closedAuthTimeout)
 	}
 }
 
-// streamStarted records a request stream on the connection from ap.
-func (l *connListener) streamStarted(ap netip.AddrPort) {
+// streamStarted records a request stream on tc.
+func (l *connListener) streamStarted(tc *trackedConn) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if tc := l.conns[unmapped(ap)]; tc != nil {
-		tc.streams++
-	}
-}
-
-// authenticated records that the connection from ap carried a request
-// with a valid token: it leaves the unauthenticated budget for good.
-func (l *connListener) authenticated(ap netip.AddrPort) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if tc := l.unauthenticatedLocked(ap); tc != nil {
-		tc.timer.Stop()
-		l.leaveUnauthLocked(tc)
-		tc.authenticated = true
-		l.metrics.connAuthenticated()
-	}
-}
-
-// leaveUnauthLocked takes tc out of the unauthenticated budget.
-func (l *connListener) leaveUnauthLocked(tc *trackedConn) {
-	if tc.elem != nil {
-		l.unauth.Remove(tc.elem)
-		tc.elem = nil
-		l.perAddr[tc.key.Addr()].unauth--
-	}
-}
-
-// closeUnauthenticated closes the connection from ap for reason, if it is
-// open and not authenticated (a worker's connection is never cut by these
-// limits).
-func (l *connListener) closeUnauthenticated(ap netip.AddrPort, reason string) {
-	l.mu.Lock()
-	tc := l.unauthenticatedLocked(ap)
+	tc.streams++
 	l.mu.Unlock()
-	if tc != nil {
-		tc.closeFor(reason)
+}
+
+// requestStarted records that tc carries a request that passed the token
+// and the request checks; it reports whether tc counts as authenticated
+// for it (requestEnded must then follow).
+func (l *connListener) requestStarted(tc *trackedConn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	from := tc.state
+	if !l.table.requestStarted(tc, l.now()) {
+		return false
+	}
+	if from != stateAuthenticated {
+		tc.disarmLocked()
+		l.metrics.connMoved(from, stateAuthenticated)
+	}
+	return true
+}
+
+// requestEnded records the end of such a request: after the last one, tc
+// is idle; gRPC sends a GOAWAY after RequestIdleTimeout, and the listener
+// closes it if it is still open after twice that.
+func (l *connListener) requestEnded(tc *trackedConn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.table.requestEnded(tc) {
+		l.metrics.connMoved(stateAuthenticated, stateIdle)
+		tc.armLocked(2*l.cfg.RequestIdleTimeout, closedRequestIdle)
+		l.freed()
+	}
+}
+
+// closeUnauthenticated closes tc for reason if it is open and not
+// authenticated (a request in flight is never cut by these limits).
+func (l *connListener) closeUnauthenticated(tc *trackedConn, reason string) {
+	l.mu.Lock()
+	open := tc.state != stateAuthenticated && l.untrackLocked(tc)
+	l.mu.Unlock()
+	if open {
+		l.metrics.connClosed(reason)
+		tc.Conn.Close()
 	}
 }
 
@@ -392,21 +478,34 @@ func (l *connListener) closeUnauthenticated(ap netip.AddrPort, reason string) {
 func (l *connListener) open() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.conns)
+	return len(l.table.conns)
+}
+
+// evictingWindow: evictions count as going on while the last one is
+// this recent, so that a sustained flood is one episode.
+const evictingWindow = 10 * time.Second
+
+// Sweep publishes whether evictions are going on (one state change per
+// episode in the log; the counter has every eviction).
+func (l *connListener) Sweep() {
+	l.mu.Lock()
+	on := !l.lastEviction.IsZero() && l.now().Sub(l.lastEviction) < evictingWindow
+	l.mu.Unlock()
+	l.state.set(frontEvicting, on, "unauthenticated connections are being evicted for newcomers: a flood of connections that do not authenticate (see trustd_connections_closed_total)")
 }
 
 // Check reports why the listener cannot take workers now, or nil.
 func (l *connListener) Check() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now := l.now()
 	switch {
 	case l.acceptErr != nil:
 		return errors.New("listener failed: " + l.acceptErr.Error())
-	case !l.stuckSince.IsZero() && l.now().Sub(l.stuckSince) >= l.stuckGrace:
-		if l.waitingAll {
-			return fmt.Errorf("every connection slot has been held by authenticated workers for %v (TRUSTD_MAX_CONNECTIONS)", l.now().Sub(l.stuckSince).Round(time.Second))
-		}
-		return fmt.Errorf("accepting connections has failed for %v (out of file descriptors?)", l.now().Sub(l.stuckSince).Round(time.Second))
+	case !l.failSince.IsZero() && now.Sub(l.failSince) >= l.stuckGrace:
+		return fmt.Errorf("accepting connections has failed for %v: out of file descriptors (raise LimitNOFILE)", now.Sub(l.failSince).Round(time.Second))
+	case !l.waitSince.IsZero() && now.Sub(l.waitSince) >= l.stuckGrace:
+		return fmt.Errorf("every connection slot has been taken for %v, new connections wait (TRUSTD_MAX_CONNECTIONS)", now.Sub(l.waitSince).Round(time.Second))
 	}
 	return nil
 }
@@ -417,7 +516,6 @@ func (l *connListener) Close() error {
 	l.stopOnce.Do(func() {
 		l.mu.Lock()
 		l.closed = true
-		l.room.Broadcast()
 		l.mu.Unlock()
 		close(l.done)
 		err = l.inner.Close()
@@ -450,80 +548,3 @@ func (v *listenerView) Accept() (net.Conn, error) {
 
 func (v *listenerView) Close() error   { v.once.Do(func() { close(v.done) }); return nil }
 func (v *listenerView) Addr() net.Addr { return v.l.Addr() }
-
-// trackedConn is an admitted connection; closing it frees its slot.
-type trackedConn struct {
-	net.Conn
-	l             *connListener
-	key           netip.AddrPort
-	accepted      time.Time
-	elem          *list.Element // in l.unauth while unauthenticated
-	authenticated bool
-	setUp         bool // TLS and HTTP/2 set-up done
-	streams       int  // request streams seen
-	timer         *time.Timer
-	once          sync.Once
-}
-
-// Close frees the slot and closes the socket.
-func (c *trackedConn) Close() error {
-	var err error
-	c.once.Do(func() {
-		c.l.mu.Lock()
-		stage := ""
-		if c.l.untrackLocked(c) {
-			stage = c.abandonedLocked()
-		}
-		c.l.mu.Unlock()
-		if stage != "" {
-			c.l.metrics.connAbandoned(stage)
-		}
-		err = c.Conn.Close()
-	})
-	return err
-}
-
-// abandonedLocked names how an unauthenticated connection that ends
-// without any request ended (by the client, or by gRPC for a protocol
-// violation such as a header list far over the bound): "handshake" or
-// "before_request"; "" for any other connection.
-func (c *trackedConn) abandonedLocked() string {
-	switch {
-	case c.authenticated || c.streams > 0:
-		return ""
-	case !c.setUp:
-		return abandonedHandshake
-	default:
-		return abandonedBeforeRequest
-	}
-}
-
-// closeFor closes the connection because of a limit and counts it; a
-// connection already closed is not counted.
-func (c *trackedConn) closeFor(reason string) {
-	c.l.mu.Lock()
-	if c.authenticated {
-		c.l.mu.Unlock()
-		return // a timer that fired as the worker authenticated
-	}
-	open := c.l.untrackLocked(c)
-	c.l.mu.Unlock()
-	if open || reason == closedEvicted {
-		c.l.metrics.connClosed(reason)
-	}
-	c.Close()
-}
-
-// addrPortOf is a connection's remote address, IPv4-mapped IPv6
-// addresses unmapped (a dual-stack socket reports IPv4 peers mapped).
-func addrPortOf(a net.Addr) netip.AddrPort {
-	if tcp, ok := a.(*net.TCPAddr); ok {
-		return unmapped(tcp.AddrPort())
-	}
-	ap, _ := netip.ParseAddrPort(a.String())
-	return unmapped(ap)
-}
-
-func unmapped(ap netip.AddrPort) netip.AddrPort {
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-}

@@ -30,6 +30,11 @@ type FrontDoorConfig struct {
 	ShutdownGrace time.Duration
 }
 
+// stateHold is how long a front-door state must hold before the log
+// reports it (set or cleared): a storm that fills the slots for moments
+// is one line, not one per signature.
+const stateHold = 5 * time.Second
+
 // FrontDoor serves the SecurityService under ConnLimits. Its gRPC server
 // can be replaced while the socket stays open: Drain sends GOAWAY on every
 // open connection (by a graceful stop of the old server) while a new
@@ -56,7 +61,9 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		cfg.ShutdownGrace = 10 * time.Second
 	}
 	svc := cfg.Service
-	st := newStateLog(svc.log, 30*time.Second)
+	checkFileLimit(cfg.Limits.MaxConnections, svc.log)
+	st := newStateLog(svc.log, 30*time.Second, stateHold)
+	st.onChange = svc.metrics.frontState
 	lis := newConnListener(cfg.Listener, cfg.Limits, svc.metrics, st)
 	return &FrontDoor{
 		cfg: cfg, lis: lis, state: st,
@@ -80,7 +87,10 @@ func (f *FrontDoor) Run(ctx context.Context) error {
 	f.current = f.startLocked()
 	f.mu.Unlock()
 	g.Go(f.lis.Run)
-	g.Go(func() error { every(gctx, 5*time.Second, f.state.Sweep); return nil })
+	g.Go(func() error {
+		every(gctx, time.Second, func() { f.lis.Sweep(); f.state.Sweep() })
+		return nil
+	})
 	g.Go(func() error {
 		<-gctx.Done()
 		f.shutdown()

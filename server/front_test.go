@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -90,6 +91,18 @@ func (fs *frontServer) dialFrom(t *testing.T, src string) net.Conn {
 	return c
 }
 
+// sendFrom opens a TCP connection from src and sends one byte (the
+// first of a TLS record), so that the kernel hands it over at once
+// despite TCP_DEFER_ACCEPT; then it stays silent.
+func (fs *frontServer) sendFrom(t *testing.T, src string) net.Conn {
+	t.Helper()
+	c := fs.dialFrom(t, src)
+	if _, err := c.Write([]byte{0x16}); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // client is a gRPC client from src.
 func (fs *frontServer) client(t *testing.T, src string) *grpc.ClientConn {
 	t.Helper()
@@ -151,10 +164,10 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func TestPerAddressCap(t *testing.T) {
 	fs := startFront(t, ConnLimits{MaxPerAddress: 3, HandshakeTimeout: time.Minute})
 	for i := 0; i < 3; i++ {
-		fs.dialFrom(t, "127.0.0.2")
+		fs.sendFrom(t, "127.0.0.2")
 	}
 	eventually(t, "three connections open", func() bool { return fs.front.lis.open() == 3 })
-	extra := fs.dialFrom(t, "127.0.0.2")
+	extra := fs.sendFrom(t, "127.0.0.2")
 	waitClosed(t, extra, 2*time.Second)
 	if got := testutil.ToFloat64(fs.metrics.connsRefused.WithLabelValues(closedPerAddress)); got != 1 {
 		t.Fatalf("refused per address %v, want 1", got)
@@ -169,12 +182,14 @@ func TestPerAddressCap(t *testing.T) {
 }
 
 func TestUnauthenticatedEviction(t *testing.T) {
-	fs := startFront(t, ConnLimits{MaxConnections: 8, MaxUnauthenticated: 4, HandshakeTimeout: time.Minute})
+	fs := startFront(t, ConnLimits{MaxConnections: 8, MaxUnauthenticated: 4, HandshakeTimeout: time.Minute, EvictionGrace: 100 * time.Millisecond})
 	var silent []net.Conn
-	for i := 0; i < 4; i++ {
-		silent = append(silent, fs.dialFrom(t, "127.0.0.3"))
+	// Three: a quarter of the budget is kept for known workers.
+	for i := 0; i < 3; i++ {
+		silent = append(silent, fs.sendFrom(t, "127.0.0.3"))
 	}
-	eventually(t, "four silent connections", func() bool { return fs.front.lis.open() == 4 })
+	time.Sleep(150 * time.Millisecond) // past their grace
+	eventually(t, "three silent connections", func() bool { return fs.front.lis.open() == 3 })
 	// A worker on another address still gets in: it evicts the oldest
 	// connection of the busiest address.
 	worker := fs.client(t, "127.0.0.1")
@@ -185,27 +200,79 @@ func TestUnauthenticatedEviction(t *testing.T) {
 	if got := fs.closed(closedEvicted); got < 1 {
 		t.Fatalf("evictions %v, want ≥ 1", got)
 	}
-	// Authenticated, the worker's connection is out of the budget: a
-	// further flood does not touch it.
-	for i := 0; i < 8; i++ {
-		fs.dialFrom(t, "127.0.0.4")
+	fs.front.lis.Sweep()
+	if got := testutil.ToFloat64(fs.metrics.frontDoorState.WithLabelValues(frontEvicting)); got != 1 {
+		t.Fatalf("evicting state %v after an eviction, want 1", got)
 	}
-	eventually(t, "flood admitted", func() bool { return fs.closed(closedEvicted) >= 5 })
+	// Served, the worker's connection is idle, not authenticated: a token
+	// is no lease on a slot.
+	eventually(t, "worker idle", func() bool {
+		return testutil.ToFloat64(fs.metrics.connsOpen.WithLabelValues(stateIdle)) == 1 &&
+			testutil.ToFloat64(fs.metrics.connsOpen.WithLabelValues(stateAuthenticated)) == 0
+	})
+}
+
+// TestServedConnectionIsClosedSoon: after its request a worker's
+// connection gets a GOAWAY after RequestIdleTimeout, long before an
+// unauthenticated one's AuthTimeout.
+func TestServedConnectionIsClosedSoon(t *testing.T) {
+	fs := startFront(t, ConnLimits{RequestIdleTimeout: 300 * time.Millisecond, AuthTimeout: time.Minute, HandshakeTimeout: time.Minute})
+	worker := fs.client(t, "127.0.0.1")
 	if err := fs.certificate(t, worker, testToken); err != nil {
 		t.Fatal(err)
 	}
-	if s := worker.GetState(); s != connectivity.Ready {
-		t.Fatalf("worker connection %v; an authenticated connection was cut", s)
+	start := time.Now()
+	eventually(t, "served connection closed", func() bool { return fs.front.lis.open() == 0 })
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("served connection lived %v after its request, want about 300ms", d)
 	}
-	if got := testutil.ToFloat64(fs.metrics.connsOpen.WithLabelValues("authenticated")); got != 1 {
-		t.Fatalf("authenticated connections %v, want 1", got)
+}
+
+// TestSilentSocketNeverTakesASlot: with TCP_DEFER_ACCEPT a socket that
+// sends nothing is not handed over; when the kernel gives it up after the
+// deferral, it is closed at once.
+func TestSilentSocketNeverTakesASlot(t *testing.T) {
+	fs := startFront(t, ConnLimits{DeferAccept: time.Second})
+	c := fs.dialFrom(t, "127.0.0.9")
+	time.Sleep(300 * time.Millisecond)
+	if n := fs.front.lis.open(); n != 0 {
+		t.Fatalf("%d connections open: a silent socket took a slot", n)
 	}
+	if err := fs.certificate(t, fs.client(t, "127.0.0.1"), testToken); err != nil {
+		t.Fatal(err)
+	}
+	_ = c
+}
+
+// TestEmptyRequestIsNoLease: a valid token with an empty CSR is refused,
+// charged to the address and counted against the token's index, and
+// the connection stays unauthenticated (evictable, auth timeout).
+func TestEmptyRequestIsNoLease(t *testing.T) {
+	fs := startFront(t, ConnLimits{AuthTimeout: 500 * time.Millisecond})
+	conn := fs.client(t, "127.0.0.10")
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "token", testToken)
+	client := securityapi.NewSecurityServiceClient(conn)
+	codesSeen := map[codes.Code]int{}
+	for range 8 {
+		_, err := client.Certificate(ctx, &securityapi.CertificateRequest{})
+		codesSeen[status.Code(err)]++
+		if got := testutil.ToFloat64(fs.metrics.connsOpen.WithLabelValues(stateAuthenticated)); got != 0 {
+			t.Fatalf("an empty request made its connection authenticated (%v)", got)
+		}
+	}
+	if codesSeen[codes.InvalidArgument] == 0 || codesSeen[codes.ResourceExhausted] == 0 {
+		t.Fatalf("answers %v: want InvalidArgument, then ResourceExhausted once the address's bad-request budget is spent", codesSeen)
+	}
+	if got := testutil.ToFloat64(fs.metrics.tokenBadRequests.WithLabelValues(fs.svc.Credentials().tokens.fingerprint(0))); got != 8 {
+		t.Fatalf("bad requests counted against the token's fingerprint: %v, want 8", got)
+	}
+	eventually(t, "auth timeout", func() bool { return fs.closed(closedAuthTimeout) >= 1 })
 }
 
 func TestConnectionDeadlines(t *testing.T) {
 	fs := startFront(t, ConnLimits{HandshakeTimeout: 200 * time.Millisecond, AuthTimeout: 600 * time.Millisecond, FirstMessageTimeout: 200 * time.Millisecond})
 	t.Run("silent socket", func(t *testing.T) {
-		c := fs.dialFrom(t, "127.0.0.5")
+		c := fs.sendFrom(t, "127.0.0.5")
 		waitClosed(t, c, 2*time.Second)
 		eventually(t, "handshake timeout counted", func() bool { return fs.closed(closedHandshake) >= 1 })
 	})
@@ -317,37 +384,48 @@ func TestPanicBecomesInternal(t *testing.T) {
 	}
 }
 
+// blockingSigner holds every signature until release is closed: the
+// requests stay in flight, their connections authenticated.
+type blockingSigner struct {
+	signer.Signer
+	release chan struct{}
+}
+
+func (b *blockingSigner) Sign(r io.Reader, d []byte, o crypto.SignerOpts) ([]byte, error) {
+	<-b.release
+	return b.Signer.Sign(r, d, o)
+}
+
+// TestFullOfAuthenticatedWorkers: with every slot carrying a request in
+// flight, a new connection waits in the kernel's accept queue (it is not
+// accepted and then cut), and gets in once a request ends.
 func TestFullOfAuthenticatedWorkers(t *testing.T) {
-	fs := startFront(t, ConnLimits{MaxConnections: 2, MaxUnauthenticated: 2})
+	fs := startFront(t, ConnLimits{MaxConnections: 2, MaxUnauthenticated: 2, MaxAuthenticatedPerPrefix: 2})
+	release := make(chan struct{})
+	fs.signer.Signer = &blockingSigner{Signer: fs.signer.Signer, release: release}
 	fs.front.lis.mu.Lock()
 	fs.front.lis.stuckGrace = 200 * time.Millisecond
 	fs.front.lis.mu.Unlock()
-	a, b := fs.client(t, "127.0.0.1"), fs.client(t, "127.0.0.2")
-	for _, c := range []*grpc.ClientConn{a, b} {
-		if err := fs.certificate(t, c, testToken); err != nil {
-			t.Fatal(err)
-		}
+	done := make(chan error, 3)
+	for _, src := range []string{"127.0.0.1", "127.0.0.2"} {
+		go func() { done <- fs.certificate(t, fs.client(t, src), testToken) }()
 	}
-	if err := fs.front.Check(); err != nil {
-		t.Fatalf("not ready with every slot taken but nobody waiting: %v", err)
-	}
-	// A third connection waits in the accept queue, and gets in once a
-	// worker's connection ends; waiting longer than the grace is
-	// not-ready.
+	eventually(t, "two requests in flight", func() bool {
+		return testutil.ToFloat64(fs.metrics.connsOpen.WithLabelValues(stateAuthenticated)) == 2
+	})
 	third := fs.client(t, "127.0.0.3")
-	done := make(chan error, 1)
 	go func() { done <- fs.certificate(t, third, testToken) }()
-	select {
-	case err := <-done:
-		t.Fatalf("third connection served over the bound: %v", err)
-	case <-time.After(300 * time.Millisecond):
+	time.Sleep(300 * time.Millisecond)
+	if n := fs.front.lis.open(); n != 2 {
+		t.Fatalf("%d connections open at a cap of 2", n)
 	}
 	eventually(t, "not ready while workers wait", func() bool { return fs.front.Check() != nil })
-	a.Close()
-	if err := <-done; err != nil {
-		t.Fatalf("after a slot freed: %v", err)
+	close(release)
+	for range 3 {
+		if err := <-done; err != nil {
+			t.Fatalf("a worker was cut: %v", err)
+		}
 	}
-	b.Close()
 	eventually(t, "ready again", func() bool { return fs.front.Check() == nil })
 }
 

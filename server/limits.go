@@ -77,9 +77,10 @@ type limiter struct {
 }
 
 type peerLimits struct {
-	requests *rate.Limiter
-	badToken *rate.Limiter
-	lastSeen time.Time
+	requests   *rate.Limiter
+	badToken   *rate.Limiter
+	badRequest *rate.Limiter // malformed requests under a valid token
+	lastSeen   time.Time
 }
 
 func newLimiter(cfg RateLimits, now func() time.Time) *limiter {
@@ -99,8 +100,9 @@ func (l *limiter) peer(a netip.Addr) *peerLimits {
 			l.evictLocked(now)
 		}
 		p = &peerLimits{
-			requests: newRate(l.cfg.PerPeerRate, l.cfg.PerPeerBurst),
-			badToken: newRate(l.cfg.BadTokenRate, l.cfg.BadTokenBurst),
+			requests:   newRate(l.cfg.PerPeerRate, l.cfg.PerPeerBurst),
+			badToken:   newRate(l.cfg.BadTokenRate, l.cfg.BadTokenBurst),
+			badRequest: newRate(l.cfg.BadTokenRate, l.cfg.BadTokenBurst),
 		}
 		l.peers[a] = p
 	}
@@ -156,4 +158,14 @@ func (l *limiter) wrongToken(a netip.Addr, authErr error) error {
 		return &limitError{reason: "too many requests with a wrong token from this address; fix the token (machine.token) and retry in a few seconds"}
 	}
 	return authErr
+}
+
+// badRequest charges a malformed request under a valid token to its
+// address's bad-request budget (the wrong-token rate and burst): within
+// it the client gets reqErr (nil: only the charge), past it a slow-down.
+func (l *limiter) badRequest(a netip.Addr, reqErr error) error {
+	if !allow(l.peer(a.Unmap()).badRequest, l.now()) {
+		return &limitError{reason: "too many malformed requests with a valid token from this address; fix the client's CSR and retry in a few seconds"}
+	}
+	return reqErr
 }

@@ -28,8 +28,13 @@ type Metrics struct {
 	tokenUsed      *prometheus.CounterVec
 	connsLimit     *prometheus.GaugeVec
 	connsAbandoned *prometheus.CounterVec
-	backend        string
-	gate           *gateMetrics
+	// front door, round two
+	acceptErrors     *prometheus.CounterVec
+	tokenBadRequests *prometheus.CounterVec
+	frontDoorState   *prometheus.GaugeVec
+	frontDoorChanges *prometheus.CounterVec
+	backend          string
+	gate             *gateMetrics
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -90,7 +95,8 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	}
 	reg.MustRegister(m.issued, m.denied, m.signerLatency, m.signerErrors, m.caExpiry, m.servingExpiry,
 		m.signerInfo, m.reloads, m.reloadFailed, m.signerInflight, m.ready, m.connsOpen, m.connsRefused, m.connsClosed,
-		m.streamsReset, m.tokenUsed, m.connsLimit, m.connsAbandoned)
+		m.streamsReset, m.tokenUsed, m.connsLimit, m.connsAbandoned,
+		m.acceptErrors, m.tokenBadRequests, m.frontDoorState, m.frontDoorChanges)
 	m.gate = newGateMetrics(reg)
 	return m
 }
@@ -99,13 +105,13 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 // streams and tokens.
 func (m *Metrics) addFrontDoor() {
 	m.connsOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "trustd_connections_open", Help: "Open connections on the SecurityService port, by state (unauthenticated: no request with a valid token yet).",
+		Name: "trustd_connections_open", Help: "Open connections on the SecurityService port, by state (authenticated: carrying a request that passed the token and CSR checks; idle: served, none in flight; unauthenticated: any other).",
 	}, []string{"state"})
 	m.connsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "trustd_connections_refused_total", Help: "Connections closed at once when accepted, by the limit that refused them (per_address).",
+		Name: "trustd_connections_refused_total", Help: "Connections closed at once when accepted, by the limit that refused them (per_address; no_data: silent after TRUSTD_DEFER_ACCEPT; no_room).",
 	}, []string{"limit"})
 	m.connsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "trustd_connections_closed_total", Help: "Open connections closed by a limit (unauthenticated_evicted, auth_timeout, handshake_timeout, first_message_timeout, signer_not_ready).",
+		Name: "trustd_connections_closed_total", Help: "Open connections closed by a limit (unauthenticated_evicted, auth_timeout, handshake_timeout, first_message_timeout, request_idle_timeout, signer_not_ready).",
 	}, []string{"limit"})
 	m.streamsReset = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "trustd_streams_reset_total", Help: "Request streams ended by the daemon before their message arrived, by reason (first_message_timeout).",
@@ -128,6 +134,32 @@ func (m *Metrics) addFrontDoor() {
 	initLabels(m.connsAbandoned, abandonedHandshake, abandonedBeforeRequest)
 	m.connsOpen.WithLabelValues("unauthenticated")
 	m.connsOpen.WithLabelValues("authenticated")
+	m.addFrontDoorStates()
+}
+
+// addFrontDoorStates creates the collectors of the front door's states,
+// accept failures and malformed requests under a valid token.
+func (m *Metrics) addFrontDoorStates() {
+	m.acceptErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_accept_errors_total", Help: "Failed accepts on the SecurityService port, by kind (fd_exhausted: out of file descriptors; other); the port retries.",
+	}, []string{"kind"})
+	m.tokenBadRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_token_bad_requests_total", Help: "Malformed requests (empty or invalid CSR) under a valid token, by the token's fingerprint (as trustd_token_used_total): a client that holds the token misbehaves.",
+	}, []string{"fingerprint"})
+	m.frontDoorState = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "trustd_front_door_state", Help: "1 while a front-door state holds (evicting, connections_full, accept_failing), else 0.",
+	}, []string{"state"})
+	m.frontDoorChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustd_front_door_state_changes_total", Help: "Transitions of each front-door state, every one (the log reports a state once it has held).",
+	}, []string{"state"})
+	initLabels(m.acceptErrors, acceptFDExhausted, acceptOther)
+	initLabels(m.frontDoorChanges, frontStates()...)
+	initLabels(m.connsRefused, closedNoData, closedNoRoom)
+	initLabels(m.connsClosed, closedRequestIdle)
+	m.connsOpen.WithLabelValues(stateIdle)
+	for _, st := range frontStates() {
+		m.frontDoorState.WithLabelValues(st)
+	}
 }
 
 func initLabels(c *prometheus.CounterVec, values ...string) {
@@ -250,10 +282,12 @@ func (m *Metrics) SetTokens(was, now []string) {
 	}
 	for _, fp := range now {
 		m.tokenUsed.WithLabelValues(fp)
+		m.tokenBadRequests.WithLabelValues(fp)
 	}
 	for _, fp := range was {
 		if !slices.Contains(now, fp) {
 			m.tokenUsed.DeleteLabelValues(fp)
+			m.tokenBadRequests.DeleteLabelValues(fp)
 		}
 	}
 }
@@ -272,28 +306,44 @@ func (m *Metrics) setConnLimits(c ConnLimits) {
 	}
 }
 
-func (m *Metrics) connOpened() {
-	if m != nil {
-		m.connsOpen.WithLabelValues("unauthenticated").Inc()
-	}
-}
-
-func (m *Metrics) connAuthenticated() {
-	if m != nil {
-		m.connsOpen.WithLabelValues("unauthenticated").Dec()
-		m.connsOpen.WithLabelValues("authenticated").Inc()
-	}
-}
-
-func (m *Metrics) connGone(authenticated bool) {
+// connMoved moves a connection between the states of
+// trustd_connections_open ("" is none: opened or gone).
+func (m *Metrics) connMoved(from, to string) {
 	if m == nil {
 		return
 	}
-	if authenticated {
-		m.connsOpen.WithLabelValues("authenticated").Dec()
-	} else {
-		m.connsOpen.WithLabelValues("unauthenticated").Dec()
+	if from != "" {
+		m.connsOpen.WithLabelValues(from).Dec()
 	}
+	if to != "" {
+		m.connsOpen.WithLabelValues(to).Inc()
+	}
+}
+
+func (m *Metrics) acceptFailed(kind string) {
+	if m != nil {
+		m.acceptErrors.WithLabelValues(kind).Inc()
+	}
+}
+
+func (m *Metrics) tokenBadRequest(fingerprint string) {
+	if m != nil {
+		m.tokenBadRequests.WithLabelValues(fingerprint).Inc()
+	}
+}
+
+// frontState publishes a front-door state as it changes (the log reports
+// it once it has held; the metric has every transition).
+func (m *Metrics) frontState(state string, on bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if on {
+		v = 1
+	}
+	m.frontDoorState.WithLabelValues(state).Set(v)
+	m.frontDoorChanges.WithLabelValues(state).Inc()
 }
 
 func (m *Metrics) connRefused(limit string) {

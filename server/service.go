@@ -168,17 +168,22 @@ func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*p
 }
 
 func (s *Service) certificate(ctx context.Context, creds *Credentials, req *securityapi.CertificateRequest, peerAddr netip.AddrPort, rec *auditRecord) (*securityapi.CertificateResponse, error) {
-	if err := s.authenticate(ctx, creds, peerAddr.Addr()); err != nil {
+	fp, err := s.authenticate(ctx, creds, peerAddr.Addr())
+	if err != nil {
 		return nil, err
 	}
 	r, err := ParseRequest(req.GetCsr(), s.limits)
 	if err != nil {
-		return nil, err
+		return nil, s.badRequest(peerAddr.Addr(), fp, err)
 	}
 	rec.request = r
 	if err := s.policy.Check(r, peerAddr.Addr()); err != nil {
 		return nil, err
 	}
+	// Only a request that passed the token and the request checks makes
+	// its connection a worker's, and only while it lasts: a token is no
+	// lease on a connection slot.
+	streamFrom(ctx).authenticated()
 	cert, err := s.issue(ctx, r, creds)
 	if err != nil {
 		return nil, err
@@ -196,16 +201,23 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 // address (workers behind one NAT or proxy share it), and wrong tokens
 // are charged only to the wrong-token limit, never to the address's
 // request budget that valid requests use.
-func (s *Service) authenticate(ctx context.Context, creds *Credentials, a netip.Addr) error {
+func (s *Service) authenticate(ctx context.Context, creds *Credentials, a netip.Addr) (string, error) {
 	idx, err := checkToken(ctx, creds.tokens)
 	if err != nil {
-		return s.limiter.wrongToken(a, err)
+		return "", s.limiter.wrongToken(a, err)
 	}
-	s.metrics.tokenMatched(creds.tokens.fingerprint(idx))
-	// The connection is a worker's from now on, even if a limit refuses
-	// this request: it leaves the unauthenticated budget.
-	streamFrom(ctx).authenticated()
-	return s.limiter.admit(a)
+	fp := creds.tokens.fingerprint(idx)
+	s.metrics.tokenMatched(fp)
+	return fp, s.limiter.admit(a)
+}
+
+// badRequest charges a malformed request under a valid token (an empty
+// CSR, say) to its address's bad-request budget and counts it against
+// the token's fingerprint: a client that holds the token gets no free
+// refusals, and the operator sees which token it holds.
+func (s *Service) badRequest(a netip.Addr, fingerprint string, err error) error {
+	s.metrics.tokenBadRequest(fingerprint)
+	return s.limiter.badRequest(a, err)
 }
 
 // checkToken finds the metadata token among the valid ones, in constant
@@ -235,8 +247,11 @@ func checkToken(ctx context.Context, tokens tokenSet) (int, error) {
 // other request, so an oversized flood is neither invisible nor free.
 func (s *Service) refusedOversized(ctx context.Context) {
 	peerAddr := peerAddress(ctx)
-	authErr := s.authenticate(ctx, s.creds.Load(), peerAddr.Addr())
+	fp, authErr := s.authenticate(ctx, s.creds.Load(), peerAddr.Addr())
 	err := &oversizeError{limit: s.limits.MaxCSRBytes}
+	if authErr == nil {
+		authErr = s.badRequest(peerAddr.Addr(), fp, nil)
+	}
 	if authErr != nil {
 		err.also = authErr.Error()
 	}

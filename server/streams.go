@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
@@ -42,9 +43,11 @@ type streamState struct {
 	method  string
 	peer    netip.AddrPort
 	lis     *connListener
+	conn    *trackedConn // nil for a server without the connection listener
 	timer   *time.Timer
 	phase   atomic.Int32 // streamWaiting, streamReceived, streamTimedOut
 	handled atomic.Bool  // the handler ran
+	authed  atomic.Bool  // the request counts its connection as authenticated
 	once    sync.Once
 }
 
@@ -65,8 +68,11 @@ func streamFrom(ctx context.Context) *streamState {
 func (g *streamGuard) tapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	st := &streamState{method: info.FullMethodName, peer: peerAddress(ctx), lis: g.lis}
-	if g.lis != nil {
-		g.lis.streamStarted(st.peer)
+	if p, ok := peer.FromContext(ctx); ok && g.lis != nil {
+		st.conn = connOf(p.Addr)
+	}
+	if st.conn != nil {
+		g.lis.streamStarted(st.conn)
 	}
 	st.timer = time.AfterFunc(g.timeout, func() {
 		if !st.phase.CompareAndSwap(streamWaiting, streamTimedOut) {
@@ -77,8 +83,8 @@ func (g *streamGuard) tapHandle(ctx context.Context, info *tap.Info) (context.Co
 		g.state.event(closedFirstMessage, "request streams without a request message are being reset (TRUSTD_FIRST_MESSAGE_TIMEOUT)", "peer", st.peer.String())
 		// A worker sends its CSR at once; an unauthenticated connection
 		// that stalls a stream is not one, and loses its slot.
-		if g.lis != nil {
-			g.lis.closeUnauthenticated(st.peer, closedFirstMessage)
+		if st.conn != nil {
+			g.lis.closeUnauthenticated(st.conn, closedFirstMessage)
 		}
 	})
 	return context.WithValue(ctx, streamKey{}, st), nil
@@ -91,11 +97,12 @@ func (st *streamState) received() {
 	}
 }
 
-// authenticated tells the listener that this stream's connection carried
-// a valid token.
+// authenticated tells the listener that this stream carries a request
+// that passed the token and the request checks: its connection counts as
+// authenticated until the stream ends.
 func (st *streamState) authenticated() {
-	if st != nil && st.lis != nil {
-		st.lis.authenticated(st.peer)
+	if st != nil && st.conn != nil && !st.authed.Load() && st.lis.requestStarted(st.conn) {
+		st.authed.Store(true)
 	}
 }
 
@@ -120,6 +127,9 @@ func (g *streamGuard) HandleRPC(ctx context.Context, s stats.RPCStats) {
 			return
 		}
 		st.timer.Stop()
+		if st.authed.CompareAndSwap(true, false) {
+			st.lis.requestEnded(st.conn)
+		}
 		if !st.handled.Load() && st.method == methodCertificate && status.Code(s.Error) == codes.ResourceExhausted && g.svc != nil {
 			st.once.Do(func() { g.svc.refusedOversized(ctx) })
 		}
@@ -129,8 +139,8 @@ func (g *streamGuard) HandleRPC(ctx context.Context, s stats.RPCStats) {
 // TagConn implements stats.Handler: it runs once the TLS and HTTP/2 set-up
 // of a connection is complete.
 func (g *streamGuard) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
-	if g.lis != nil && info.RemoteAddr != nil {
-		g.lis.established(addrPortOf(info.RemoteAddr))
+	if tc := connOf(info.RemoteAddr); tc != nil && g.lis != nil {
+		g.lis.established(tc)
 	}
 	return ctx
 }

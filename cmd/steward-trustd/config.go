@@ -51,13 +51,13 @@ func settings() []setting {
 		{"peer-burst", "TRUSTD_PEER_BURST", "burst of requests allowed from one address (default 20)", false},
 		{"bad-token-burst", "TRUSTD_BAD_TOKEN_BURST", "wrong tokens one address may send before it is slowed down (default 5)", false},
 		{"bad-token-rate", "TRUSTD_BAD_TOKEN_RATE", "further wrong-token attempts per second such an address earns back, -1 for no limit (default 0.1)", false},
-		{"max-connections", "TRUSTD_MAX_CONNECTIONS", "open connections at once; when all have authenticated, more wait in the kernel's accept queue (default 256)", false},
-		{"max-unauthenticated-connections", "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS", "connections without a valid token yet; when full, the oldest of the busiest address is closed (default half of max-connections)", false},
+		{"max-connections", "TRUSTD_MAX_CONNECTIONS", "open connections at once (~40 KiB each); when full, more wait in the kernel's accept queue (default 2048)", false},
+		{"max-unauthenticated-connections", "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS", "connections without a request that passed the token and CSR checks; when full, one of them is closed: silent first, then the busiest address and prefixes, never one younger than eviction-grace (default half of max-connections)", false},
 		{"max-connections-per-address", "TRUSTD_MAX_CONNECTIONS_PER_ADDRESS", "open connections from one source address; more are closed at once (default 64)", false},
 		{"handshake-timeout", "TRUSTD_HANDSHAKE_TIMEOUT", "time for a connection's TLS and HTTP/2 set-up (default 5s)", false},
 		{"auth-timeout", "TRUSTD_AUTH_TIMEOUT", "a connection without a request carrying a valid token this long after it was accepted is closed (default 10s)", false},
 		{"first-message-timeout", "TRUSTD_FIRST_MESSAGE_TIMEOUT", "a request stream whose message has not arrived this long after its headers is reset (default 2s)", false},
-		{"idle-timeout", "TRUSTD_IDLE_TIMEOUT", "a connection without requests this long is closed (default 30s)", false},
+		{"idle-timeout", "TRUSTD_IDLE_TIMEOUT", "a connection without requests this long is closed (default 30s; one without a request in flight gets a GOAWAY after request-idle-timeout already)", false},
 		{"connection-age-grace", "TRUSTD_CONNECTION_AGE_GRACE", "time requests get to finish when a connection reaches its 10-minute age (default 10s)", false},
 		{"max-header-bytes", "TRUSTD_MAX_HEADER_BYTES", "bound on a request's header list, in bytes (default 8192)", false},
 		{"signer-queue", "TRUSTD_SIGNER_QUEUE", "hard bound on requests holding or waiting for the signer; beyond it the worker seen last gets ResourceExhausted at once (default 1024)", false},
@@ -66,6 +66,14 @@ func settings() []setting {
 		{"root-sha256", "TRUSTD_ROOT_SHA256", "comma-separated SHA-256 fingerprints of the DER of the roots os-ca.crt may be (default: any; tiered setup: pin it, as nothing else does at start)", false},
 		{"token-reload-force", "TRUSTD_TOKEN_RELOAD_FORCE", "let a hot reload install a token file that keeps none of the running tokens (default false: refused, every worker would fail; a restart always takes the file)", false},
 		{"ready-window", "TRUSTD_READY_WINDOW", "the signer counts as ready for this long after a good signature; idle, it is probed every half window (default 30s)", false},
+		{"max-authenticated-per-prefix", "TRUSTD_MAX_AUTHENTICATED_PER_PREFIX", "connections of one prefix (see connection-prefixes) that count as authenticated at once; beyond it requests are served on evictable connections (default half of max-connections)", false},
+		{"connection-prefixes-v4", "TRUSTD_CONNECTION_PREFIXES_V4", "comma-separated IPv4 prefix lengths over which the busiest clients are counted besides single addresses (default 24,16)", false},
+		{"connection-prefixes-v6", "TRUSTD_CONNECTION_PREFIXES_V6", "comma-separated IPv6 prefix lengths, likewise (default 64,48)", false},
+		{"known-worker-reserve", "TRUSTD_KNOWN_WORKER_RESERVE", "unauthenticated slots that addresses unknown as workers cannot take (default a quarter of max-unauthenticated-connections)", false},
+		{"known-worker-ttl", "TRUSTD_KNOWN_WORKER_TTL", "how long an address whose request passed stays a known worker (default 25h)", false},
+		{"eviction-grace", "TRUSTD_EVICTION_GRACE", "a new connection keeps its slot this long whatever comes after it (default 2s)", false},
+		{"defer-accept", "TRUSTD_DEFER_ACCEPT", "the kernel holds a connection that has sent nothing this long (TCP_DEFER_ACCEPT), then it is closed; 'off' to hand over every connection at once (default 3s)", false},
+		{"request-idle-timeout", "TRUSTD_REQUEST_IDLE_TIMEOUT", "a connection this long after its last request ended is closed; below auth-timeout (default 2s)", false},
 	}
 }
 
@@ -158,7 +166,7 @@ func bad(name, format string, args ...any) error {
 
 func loadConfig(get lookup) (*config, error) {
 	c := &config{certDir: defaultCertDir}
-	for _, load := range []func(*config, lookup) error{loadListen, loadInline, loadPolicy, loadRates, loadConns, loadIntervals} {
+	for _, load := range []func(*config, lookup) error{loadListen, loadInline, loadPolicy, loadRates, loadConns, loadFrontDoor, loadIntervals} {
 		if err := load(c, get); err != nil {
 			return nil, err
 		}

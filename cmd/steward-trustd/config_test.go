@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/base64"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -149,15 +150,29 @@ func TestLoadConfigFrontDoor(t *testing.T) {
 			check: func(t *testing.T, c *config) {
 				want := server.ConnLimits{MaxConnections: 100, MaxUnauthenticated: 40, MaxPerAddress: 8, HandshakeTimeout: 3 * time.Second,
 					AuthTimeout: 7 * time.Second, FirstMessageTimeout: time.Second, IdleTimeout: 20 * time.Second, MaxAgeGrace: 5 * time.Second, MaxHeaderBytes: 4096}
-				if c.conns != want {
+				if !reflect.DeepEqual(c.conns, want) {
 					t.Fatalf("%+v", c.conns)
 				}
 			}},
 		{name: "unset connection limits take the defaults", check: func(t *testing.T, c *config) {
-			if c.conns != (server.ConnLimits{}) {
+			if !reflect.DeepEqual(c.conns, server.ConnLimits{}) {
 				t.Fatalf("%+v", c.conns)
 			}
 		}},
+		{name: "front-door settings", env: map[string]string{"TRUSTD_MAX_AUTHENTICATED_PER_PREFIX": "50", "TRUSTD_CONNECTION_PREFIXES_V4": "24, 20",
+			"TRUSTD_CONNECTION_PREFIXES_V6": "56", "TRUSTD_KNOWN_WORKER_RESERVE": "30", "TRUSTD_KNOWN_WORKER_TTL": "48h", "TRUSTD_EVICTION_GRACE": "3s",
+			"TRUSTD_DEFER_ACCEPT": "off", "TRUSTD_REQUEST_IDLE_TIMEOUT": "1s"},
+			check: func(t *testing.T, c *config) {
+				want := server.ConnLimits{MaxAuthenticatedPerPrefix: 50, PrefixesV4: []int{24, 20}, PrefixesV6: []int{56}, KnownWorkerReserve: 30,
+					KnownWorkerTTL: 48 * time.Hour, EvictionGrace: 3 * time.Second, DeferAccept: -1, RequestIdleTimeout: time.Second}
+				if !reflect.DeepEqual(c.conns, want) {
+					t.Fatalf("%+v", c.conns)
+				}
+			}},
+		{name: "bad prefix", env: map[string]string{"TRUSTD_CONNECTION_PREFIXES_V4": "24,33"}, wantErr: "TRUSTD_CONNECTION_PREFIXES_V4"},
+		{name: "bad defer accept", env: map[string]string{"TRUSTD_DEFER_ACCEPT": "200ms"}, wantErr: "TRUSTD_DEFER_ACCEPT"},
+		{name: "reserve over the budget", env: map[string]string{"TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS": "40", "TRUSTD_KNOWN_WORKER_RESERVE": "40"}, wantErr: "TRUSTD_KNOWN_WORKER_RESERVE"},
+		{name: "served idle not sooner", env: map[string]string{"TRUSTD_AUTH_TIMEOUT": "5s", "TRUSTD_REQUEST_IDLE_TIMEOUT": "6s"}, wantErr: "TRUSTD_REQUEST_IDLE_TIMEOUT"},
 		{name: "bad header bound", env: map[string]string{"TRUSTD_MAX_HEADER_BYTES": "100"}, wantErr: "TRUSTD_MAX_HEADER_BYTES"},
 		{name: "zero per-address cap", env: map[string]string{"TRUSTD_MAX_CONNECTIONS_PER_ADDRESS": "0"}, wantErr: "TRUSTD_MAX_CONNECTIONS_PER_ADDRESS"},
 		{name: "unauthenticated over total", env: map[string]string{"TRUSTD_MAX_CONNECTIONS": "10", "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS": "20"}, wantErr: "TRUSTD_MAX_UNAUTHENTICATED_CONNECTIONS"},

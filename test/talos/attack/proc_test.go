@@ -44,14 +44,23 @@ func resetPeakRSS(t *testing.T, pid int) {
 // scrape reads the daemon's /metrics into series → value.
 func scrape(t *testing.T, url string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(url)
+	m, err := scrapeErr(url)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return m
+}
+
+// scrapeErr reads the daemon's /metrics into series → value.
+func scrapeErr(url string) (map[string]float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	out := map[string]float64{}
 	for _, line := range strings.Split(string(b), "\n") {
@@ -63,7 +72,7 @@ func scrape(t *testing.T, url string) map[string]float64 {
 			out[line[:i]] = v
 		}
 	}
-	return out
+	return out, nil
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
