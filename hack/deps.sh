@@ -13,6 +13,10 @@
 set -euo pipefail
 pkgs=(swtpm swtpm-tools softhsm2 tpm2-tools libssl-dev gcc bubblewrap systemd linux-libc-dev
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross libstdc++6-arm64-cross libgcc-s1-arm64-cross prometheus)
+# etcd-server: the etcd that test/k8s starts beside kube-apiserver (on its
+# own loopback ports; on a host with systemd, `systemctl disable --now etcd`
+# if you do not want Debian's service running).
+pkgs+=(etcd-server)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
