@@ -17,6 +17,9 @@ pkgs=(swtpm swtpm-tools softhsm2 tpm2-tools libssl-dev gcc bubblewrap systemd li
 # own loopback ports; on a host with systemd, `systemctl disable --now etcd`
 # if you do not want Debian's service running).
 pkgs+=(etcd-server)
+# containerd, runc: hack/image's TestContainerdImports hands the image to a
+# real containerd (its own root and socket; no service is used).
+pkgs+=(containerd runc)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
