@@ -12,6 +12,7 @@ PORT      ?= 50001
 # Tests that need swtpm or SoftHSMv2 fail instead of skipping when set.
 export STEWARD_REQUIRE_DEVICES = 1
 
+.PHONY: test-k8s test-image
 .PHONY: all deps build build-all build-gencreds build-ceremony run-local run-local-notice clean-local test-alerts test test-unit test-talos test-attack bench-attack test-deploy test-coverage lint fuzz bench fleet-boot image image-smoke docker-build docker-buildx clean
 
 all: build-all
@@ -42,7 +43,7 @@ run-local: deps run-local-notice build-all
 run-local-notice:
 	@echo "building $(BIN)/steward-trustd, the ceremony and steward-tpm-relay (the first build takes a few minutes; packages are listed as they compile)" >&2
 
-test: deps lint test-unit test-talos test-attack test-deploy
+test: deps lint test-unit test-talos test-attack test-deploy test-k8s test-image
 
 test-unit:
 	$(GO) test -race -count=1 ./...
@@ -73,6 +74,19 @@ test-alerts: deps
 test-deploy:
 	cd test/deploy && $(GO) test -race -count=1 ./...
 
+# Every kustomization judged by a real kube-apiserver and Debian's etcd on
+# loopback (test/k8s, its own module; no root). hack/k8s-build.sh builds
+# kube-apiserver from the Go module proxy into a cache directory that
+# survives between runs (cold: minutes; warm: nothing to do). No -race:
+# what is under test is the manifests.
+test-k8s: deps
+	cd test/k8s && bin=$$(../../hack/k8s-build.sh kube-apiserver) && STEWARD_K8S_BIN=$$bin $(GO) test -count=1 -v ./...
+
+# The image writer's unit checks (hack/image, its own module): the config's
+# rootfs.diff_ids match the layers, as container runtimes require.
+test-image:
+	cd hack/image && $(GO) test -count=1 ./...
+
 test-coverage: deps
 	$(GO) test -race -count=1 -coverprofile=coverage.out ./...
 	$(GO) tool cover -func=coverage.out | tail -1
@@ -93,10 +107,12 @@ lint: $(GOLANGCI_LINT)
 	cd test/talos && $(GO) vet ./...
 	cd test/deploy && $(GO) vet ./...
 	cd hack/image && $(GO) vet ./...
+	cd test/k8s && $(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
 	cd test/talos && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
 	cd test/deploy && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
 	cd hack/image && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
+	cd test/k8s && $(abspath $(GOLANGCI_LINT)) run --config ../../.golangci.yml ./...
 
 # Every fuzz target of every module (test/talos, tpmsim, … included), 60 s each.
 FUZZTIME ?= 60s

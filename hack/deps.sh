@@ -18,6 +18,13 @@ pkgs=(swtpm swtpm-tools softhsm2 tpm2-tools libssl-dev gcc bubblewrap systemd li
 # and its TCTI plus dbus-daemon (the resource manager tpm2-pkcs11 needs in
 # front of swtpm), gnutls-bin for p11tool, which reads the tokens.
 pkgs+=(opencryptoki libtpm2-pkcs11-1 libtpm2-pkcs11-tools tpm2-abrmd libtss2-tcti-tabrmd0 dbus-daemon gnutls-bin)
+# etcd-server: the etcd that test/k8s starts beside kube-apiserver (on its
+# own loopback ports; on a host with systemd, `systemctl disable --now etcd`
+# if you do not want Debian's service running).
+pkgs+=(etcd-server)
+# containerd, runc: hack/image's TestContainerdImports hands the image to a
+# real containerd (its own root and socket; no service is used).
+pkgs+=(containerd runc)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

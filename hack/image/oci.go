@@ -81,16 +81,26 @@ func platformImage(s spec, b platformBin) (v1.Image, error) {
 	if img, err = mutate.AppendLayers(img, layer); err != nil {
 		return nil, err
 	}
-	return mutate.ConfigFile(img, configFile(s, b, a))
+	// AppendLayers recorded the layer's diff_id in the config; the config
+	// written below replaces that one, so carry the diff_ids over: a
+	// runtime checks the unpacked layers against them (OCI image-spec,
+	// config.md "rootfs") and containerd refuses an image without them.
+	appended, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	return mutate.ConfigFile(img, configFile(s, b, a, appended.RootFS.DiffIDs))
 }
 
-func configFile(s spec, b platformBin, a arch) *v1.ConfigFile {
+// configFile is the image's configuration for the layers whose
+// uncompressed digests are diffIDs, in order.
+func configFile(s spec, b platformBin, a arch, diffIDs []v1.Hash) *v1.ConfigFile {
 	return &v1.ConfigFile{
 		Architecture: b.arch,
 		OS:           b.os,
 		Variant:      a.variant,
 		Created:      v1.Time{Time: s.created},
-		RootFS:       v1.RootFS{Type: "layers"},
+		RootFS:       v1.RootFS{Type: "layers", DiffIDs: diffIDs},
 		Config: v1.Config{
 			User:         fmt.Sprintf("%d:%d", nonroot, nonroot),
 			Entrypoint:   []string{"/usr/local/bin/" + binaries[0]},

@@ -168,6 +168,11 @@ type kamajiTCP struct {
 		} `json:"controlPlane"`
 		Kubernetes struct {
 			Version string `json:"version"`
+			// Kubelet is required by Kamaji's CRD (spec.kubernetes.kubelet).
+			Kubelet *struct {
+				PreferredAddressTypes []string `json:"preferredAddressTypes"`
+				CGroupFS              string   `json:"cgroupfs"`
+			} `json:"kubelet"`
 		} `json:"kubernetes"`
 		NetworkProfile struct {
 			Port int32 `json:"port"`
@@ -248,6 +253,9 @@ func TestKamajiSidecar(t *testing.T) {
 		t.Errorf("the TCP Service must expose 50001 to the sidecar: %+v", ports)
 	}
 	checkPDB(t, pdb, dep.PodAdditionalMetadata.Labels)
+	if tcp.Spec.Kubernetes.Kubelet == nil || tcp.Spec.Kubernetes.Version == "" {
+		t.Error("Kamaji's CRD requires spec.kubernetes.version and spec.kubernetes.kubelet")
+	}
 	if pdb.Namespace != tcp.Metadata.Namespace {
 		t.Errorf("PDB in %q, TenantControlPlane in %q", pdb.Namespace, tcp.Metadata.Namespace)
 	}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -15,20 +14,35 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
-	"github.com/steward-trustd/steward-trustd/signer/pkcs11"
-	"github.com/steward-trustd/steward-trustd/signer/pkcs11/softhsm"
 )
 
-// podRun is a rendered overlay's pod about to run on this machine: each
-// volume mount path maps to a host directory laid out as kubelet would.
+// podRun is a rendered layout's pod about to run on this machine: each
+// volume mount path maps to a host directory laid out as kubelet would,
+// and the node's devices to what stands in for them here.
 type podRun struct {
-	bins   string
-	pod    *corev1.PodSpec
-	c      *corev1.Container
-	mounts map[string]string // mountPath → host directory
+	bins    string
+	pod     *corev1.PodSpec
+	c       *corev1.Container
+	mounts  map[string]string // mountPath → host directory
+	devices map[string]string // key URI attribute on the node → here (swtpm)
+	site    map[string]string // site values the layout says to replace: name → value
 }
 
-func newPodRun(t *testing.T, overlay string) *podRun {
+func newPodRun(t *testing.T, bins, overlay string) *podRun {
+	t.Helper()
+	d := only[*appsv1.Deployment](t, render(t, overlay))
+	return newPodRunOf(bins, &d.Spec.Template.Spec)
+}
+
+// newPodRunOf runs pod's first container as kubelet would, with the
+// commands in bins.
+func newPodRunOf(bins string, pod *corev1.PodSpec) *podRun {
+	return &podRun{bins: bins, pod: pod, c: &pod.Containers[0], mounts: map[string]string{}, devices: map[string]string{}, site: map[string]string{}}
+}
+
+// podBinaries builds the daemon, gencreds and the ceremony once for a
+// test that runs them as kubelet would (which needs root).
+func podBinaries(t *testing.T) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if devtest.Required() {
@@ -41,9 +55,7 @@ func newPodRun(t *testing.T, overlay string) *podRun {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(bins) })
-	d := only[*appsv1.Deployment](t, render(t, overlay))
-	pod := &d.Spec.Template.Spec
-	return &podRun{bins: bins, pod: pod, c: &pod.Containers[0], mounts: map[string]string{}}
+	return bins
 }
 
 // secretVolume mounts secret as kubelet would at the mount of volume name
@@ -54,7 +66,11 @@ func (p *podRun) secretVolume(t *testing.T, name string, secret *corev1.Secret) 
 	if v.Secret == nil || v.Secret.DefaultMode == nil || v.Secret.SecretName != secret.Name {
 		t.Fatalf("volume %s: want a Secret volume of %s with a defaultMode, got %+v", name, secret.Name, v.VolumeSource)
 	}
-	p.mounts[m.MountPath] = kubeletSecretVolume(t, secret, *v.Secret.DefaultMode, *p.pod.SecurityContext.FSGroup)
+	var fsGroup *int64
+	if p.pod.SecurityContext != nil {
+		fsGroup = p.pod.SecurityContext.FSGroup
+	}
+	p.mounts[m.MountPath] = kubeletSecretVolume(t, secret, *v.Secret.DefaultMode, fsGroup)
 }
 
 // mount is the container's mount of volume name and the volume.
@@ -73,90 +89,91 @@ func (p *podRun) mount(t *testing.T, name string) (corev1.VolumeMount, corev1.Vo
 	return corev1.VolumeMount{}, corev1.Volume{}
 }
 
-// start runs the daemon as the pod's runAsUser, runAsGroup and fsGroup
-// with the container's environment, mount paths moved to their host
-// directories, loopback ports, and extra; it waits for /readyz.
+// start runs the daemon as the pod's (or the container's) runAsUser and
+// runAsGroup with fsGroup as a supplementary group, with the container's
+// environment as kubelet gives it (the downward API's spec.nodeName,
+// $(VAR) references expanded), site values replaced, mount paths moved to
+// their host directories, loopback ports, and extra; it waits for /readyz.
 func (p *podRun) start(t *testing.T, extra ...string) *devtest.Daemon {
 	t.Helper()
 	health := fmt.Sprintf("127.0.0.1:%d", devtest.FreePort(t))
 	environ := append([]string{"TRUSTD_HEALTH_ADDR=" + health}, extra...)
-	for _, e := range p.c.Env {
-		if e.Name != "TRUSTD_HEALTH_ADDR" {
-			environ = append(environ, e.Name+"="+p.remap(e.Value))
+	for _, kv := range p.environ(t) {
+		if !strings.HasPrefix(kv, "TRUSTD_HEALTH_ADDR=") {
+			environ = append(environ, p.remap(kv))
 		}
 	}
-	sc := p.pod.SecurityContext
+	uid, gid, groups := p.credentials(t)
 	run := filepath.Join(t.TempDir(), "run-as-pod")
 	script := fmt.Sprintf("#!/bin/sh\nexec %s --reuid=%d --regid=%d --groups=%d %s\n", devtest.NeedTool(t, "setpriv"),
-		*sc.RunAsUser, *sc.RunAsGroup, *sc.FSGroup, filepath.Join(p.bins, "steward-trustd"))
+		uid, gid, groups, filepath.Join(p.bins, "steward-trustd"))
 	check(t, os.WriteFile(run, []byte(script), 0o755))
 	d := devtest.StartDaemon(t, run, environ...)
 	waitReady(t, "http://"+health+"/readyz", d)
 	return d
 }
 
+// environ is the container's environment as kubelet sets it, on node
+// sampleNode, with p.site's values in place of the shipped ones.
+func (p *podRun) environ(t *testing.T) []string {
+	t.Helper()
+	defined := map[string]string{}
+	var out []string
+	for _, e := range p.c.Env {
+		v := e.Value
+		if e.ValueFrom != nil {
+			if e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+				t.Fatalf("env %s: only the downward API's spec.nodeName is supported here", e.Name)
+			}
+			v = sampleNode
+		}
+		if site, ok := p.site[e.Name]; ok {
+			v = site
+		}
+		// Kubernetes expands $(VAR) from earlier entries only.
+		for name, val := range defined {
+			v = strings.ReplaceAll(v, "$("+name+")", val)
+		}
+		defined[e.Name] = v
+		out = append(out, e.Name+"="+v)
+	}
+	return out
+}
+
+// credentials are the uid, gid and supplementary group the container runs
+// with: the container's securityContext over the pod's; the group is
+// fsGroup when set, else the gid.
+func (p *podRun) credentials(t *testing.T) (uid, gid, group int64) {
+	t.Helper()
+	var u, g, fs *int64
+	if sc := p.pod.SecurityContext; sc != nil {
+		u, g, fs = sc.RunAsUser, sc.RunAsGroup, sc.FSGroup
+	}
+	if sc := p.c.SecurityContext; sc != nil {
+		if sc.RunAsUser != nil {
+			u = sc.RunAsUser
+		}
+		if sc.RunAsGroup != nil {
+			g = sc.RunAsGroup
+		}
+	}
+	if u == nil || g == nil {
+		t.Fatal("the layout sets no runAsUser/runAsGroup")
+	}
+	if fs == nil {
+		fs = g
+	}
+	return *u, *g, *fs
+}
+
 func (p *podRun) remap(v string) string {
 	for mountPath, host := range p.mounts {
 		v = strings.ReplaceAll(v, mountPath, host)
 	}
+	for node, here := range p.devices {
+		v = strings.ReplaceAll(v, node, here)
+	}
 	return v
-}
-
-// TestFileOverlayStartsOnSecretMount: the file overlay with the gencreds
-// Secret as kubelet mounts it (fsGroup, defaultMode): the file signer
-// accepts the key and the daemon turns ready.
-func TestFileOverlayStartsOnSecretMount(t *testing.T) {
-	p := newPodRun(t, "overlays/file")
-	creds := filepath.Join(t.TempDir(), "creds")
-	if out, err := exec.Command(filepath.Join(p.bins, "steward-trustd-gencreds"), "-cluster", env(p.c, "TRUSTD_TENANT"), "-output", creds).CombinedOutput(); err != nil {
-		t.Fatalf("gencreds: %v\n%s", err, out)
-	}
-	p.secretVolume(t, "certs", decodeSecret(t, filepath.Join(creds, "kubernetes-secret.yaml")))
-	d := p.start(t)
-	if !strings.Contains(d.Logs(), "Kubernetes Secret mount") {
-		t.Fatalf("the file signer did not report accepting the Secret mount\n%s", d.Logs())
-	}
-}
-
-// TestPKCS11OverlayStarts: the pkcs11 overlay exactly as shipped — its
-// token, object, module file name, PIN path and LD_LIBRARY_PATH — with
-// SoftHSMv2 as the vendor's module (libvendor.so in the module volume),
-// the ceremony Secret and the PIN Secret as kubelet mounts them.
-func TestPKCS11OverlayStarts(t *testing.T) {
-	p := newPodRun(t, "overlays/pkcs11")
-	devtest.NeedTool(t, "softhsm2-util")
-	uri, err := pkcs11.ParseURI(env(p.c, "TRUSTD_SIGNER"))
-	check(t, err)
-	tok, err := softhsm.New(podReadableDir(t), uri.Token)
-	check(t, err)
-	modMount, _ := p.mount(t, "hsm-module")
-	modDir := podReadableDir(t)
-	p.mounts[modMount.MountPath] = modDir
-	check(t, os.MkdirAll(filepath.Dir(p.remap(uri.ModulePath)), 0o755))
-	b, err := os.ReadFile(tok.ModulePath)
-	check(t, err)
-	check(t, os.WriteFile(p.remap(uri.ModulePath), b, 0o755))
-
-	certs := filepath.Join(t.TempDir(), "ceremony")
-	ceremonyURI := strings.NewReplacer(uri.ModulePath, tok.ModulePath, uri.PINSource, tok.PINFile).Replace(env(p.c, "TRUSTD_SIGNER"))
-	cmd := exec.Command(filepath.Join(p.bins, "steward-trustd-ceremony"), "init", "--signer", ceremonyURI, "--cluster", env(p.c, "TRUSTD_TENANT"), "--out", certs)
-	cmd.Env = append(os.Environ(), tok.Env())
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("ceremony init: %v\n%s", err, out)
-	}
-	chownTree(t, tok.Dir, int(*p.pod.SecurityContext.RunAsUser))
-	p.secretVolume(t, "certs", decodeSecret(t, filepath.Join(certs, "kubernetes-secret.yaml")))
-	pinMount, pinVol := p.mount(t, "hsm-pin")
-	if filepath.Dir(uri.PINSource) != pinMount.MountPath {
-		t.Fatalf("pin-source %s is not a file of the PIN Secret's mount %s", uri.PINSource, pinMount.MountPath)
-	}
-	pinSecret := &corev1.Secret{Data: map[string][]byte{filepath.Base(uri.PINSource): []byte(tok.PIN + "\n")}}
-	pinSecret.Name = pinVol.Secret.SecretName
-	p.secretVolume(t, "hsm-pin", pinSecret)
-	d := p.start(t, tok.Env())
-	if !strings.Contains(d.Logs(), `"backend":"pkcs11"`) || strings.Contains(d.Logs(), tok.PIN) {
-		t.Fatalf("want the pkcs11 key opened and the PIN never logged\n%s", d.Logs())
-	}
 }
 
 // podReadableDir is a fresh directory the pod's uid can reach (a
@@ -204,8 +221,8 @@ func decodeSecret(t *testing.T, path string) *corev1.Secret {
 // ..<timestamp>/KEY files with defaultMode, ..data -> ..<timestamp>,
 // KEY -> ..data/KEY, then (fsGroup set, read-only volume) every file
 // chowned to group fsGroup with group read added (kubelet's
-// SetVolumeOwnership: mode | 0440).
-func kubeletSecretVolume(t *testing.T, secret *corev1.Secret, mode int32, fsGroup int64) string {
+// SetVolumeOwnership: mode | 0440); without fsGroup root:root, defaultMode.
+func kubeletSecretVolume(t *testing.T, secret *corev1.Secret, mode int32, fsGroup *int64) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("/dev/shm", "secret-volume-")
 	if err != nil {
@@ -219,14 +236,18 @@ func kubeletSecretVolume(t *testing.T, secret *corev1.Secret, mode int32, fsGrou
 	ts := "..2026_12_03_10_00_00.000000001"
 	check(t, os.Chmod(dir, 0o755))
 	check(t, os.Mkdir(filepath.Join(dir, ts), 0o755))
+	group, perm := 0, os.FileMode(mode)
+	if fsGroup != nil {
+		group, perm = int(*fsGroup), perm|0o440
+	}
 	for name, data := range secret.Data {
 		p := filepath.Join(dir, ts, name)
 		check(t, os.WriteFile(p, data, 0o600))
-		check(t, os.Chown(p, 0, int(fsGroup)))
-		check(t, os.Chmod(p, os.FileMode(mode)|0o440))
+		check(t, os.Chown(p, 0, group))
+		check(t, os.Chmod(p, perm))
 		check(t, os.Symlink("..data/"+name, filepath.Join(dir, name)))
 	}
-	check(t, os.Chown(filepath.Join(dir, ts), 0, int(fsGroup)))
+	check(t, os.Chown(filepath.Join(dir, ts), 0, group))
 	check(t, os.Symlink(ts, filepath.Join(dir, "..data")))
 	return dir
 }
