@@ -16,6 +16,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/crashpoint"
+	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 )
@@ -77,10 +78,21 @@ var killScenarios = []killScenario{
 		},
 		keys: 2, op: "rotate.finish", cert: certdir.FileCACert,
 	},
+	{
+		name: "trust add",
+		prepare: func(t *testing.T, root string) []string {
+			out := filepath.Join(root, "out")
+			mustCeremony(t, nil, initArgs(root)...)
+			ca, _ := devtest.SelfSignedCA(t, "vouched")
+			writeFile(t, filepath.Join(root, "vouched.crt"), pki.EncodeCertificates(ca))
+			return []string{"trust", "add", "--signer", fileKey(root, "old"), "--ca", filepath.Join(out, certdir.FileCACert), "--out", out, filepath.Join(root, "vouched.crt")}
+		},
+		keys: 1, op: "trust.add", cert: certdir.FileAcceptedCAs,
+	},
 }
 
 // TestKilledAtEveryStep kills the real binary with SIGKILL at every step
-// of init, import, rotate and rotate --finish (file backend), one step
+// of init, import, rotate, rotate --finish and trust add (file backend), one step
 // per run, re-runs the same command and checks that it completes with
 // exactly the keys it should have made, no temporary or orphan files, and
 // receipts that match the files. The steps are the crash points of a
