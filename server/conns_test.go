@@ -128,6 +128,31 @@ func TestKnownWorkersKeepAReserve(t *testing.T) {
 	}
 }
 
+// TestUnknownNewcomerSparesTheReserve: when every unknown connection is
+// still in its grace and the budget is full, a newcomer from an unknown
+// address is refused rather than given a known worker's connection
+// within the reserve (a fast flood of unknown addresses would otherwise
+// cut every renewal that needs longer than the grace).
+func TestUnknownNewcomerSparesTheReserve(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	later := t0.Add(time.Minute)
+	table, add := tableAt(ConnLimits{MaxConnections: 100, MaxUnauthenticated: 4, KnownWorkerReserve: 2, EvictionGrace: 2 * time.Second})
+	worker := add("10.0.0.1", t0, true)
+	table.requestStarted(worker, t0)
+	table.requestEnded(worker)
+	table.remove(worker)
+	known := add("10.0.0.1", t0, true)
+	for i := range 3 {
+		add(fmt.Sprintf("10.9.0.%d", i+1), later.Add(-time.Second), true)
+	}
+	if v, refuse := table.victim(netip.MustParseAddr("10.9.0.9"), later); v == known || !refuse {
+		t.Fatalf("unknown newcomer: victim %v (refuse %v), want a refusal that spares the known worker's connection", v, refuse)
+	}
+	if v, refuse := table.victim(netip.MustParseAddr("10.0.0.1"), later); refuse || v != known {
+		t.Fatalf("known newcomer: victim %v (refuse %v), want the known connection past its grace", v, refuse)
+	}
+}
+
 // TestTokenIsNotALease: a connection is authenticated only while it
 // carries a request; then it is idle, and at the cap it goes first.
 func TestTokenIsNotALease(t *testing.T) {
