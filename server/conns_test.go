@@ -202,23 +202,33 @@ func accountingRun(t *testing.T, rng *rand.Rand) {
 		HandshakeTimeout: time.Hour, KnownWorkerReserve: 2, DeferAccept: -1}, NewMetrics(prometheus.NewRegistry(), "file", true), nil)
 	clock := time.Unix(1000, 0)
 	l.now = func() time.Time { return clock }
-	var live []*trackedConn
+	var live, all []*trackedConn
 	for step := range 400 {
 		clock = clock.Add(time.Millisecond)
-		live = accountingStep(t, l, rng, live)
+		live = accountingStep(t, l, rng, live, &all)
 		checkAccounting(t, l, live, step)
 	}
 }
 
-func accountingStep(t *testing.T, l *connListener, rng *rand.Rand, live []*trackedConn) []*trackedConn {
+// accountingStep runs one random operation. all holds every connection
+// ever admitted: the close and request paths are also driven on ones
+// another path already closed (an evicted or expired connection that
+// gRPC closes later), which must not release their slot again.
+func accountingStep(t *testing.T, l *connListener, rng *rand.Rand, live []*trackedConn, all *[]*trackedConn) []*trackedConn {
 	t.Helper()
-	pick := func() *trackedConn { return live[rng.IntN(len(live))] }
+	pick := func() *trackedConn {
+		if rng.IntN(3) == 0 {
+			return (*all)[rng.IntN(len(*all))]
+		}
+		return live[rng.IntN(len(live))]
+	}
 	switch op := rng.IntN(6); {
 	case op <= 1 || len(live) == 0: // accept (ports repeat: a reset and reconnect)
 		from := &net.TCPAddr{IP: net.IPv4(10, byte(rng.IntN(3)), 0, byte(1+rng.IntN(4))), Port: 1000 + rng.IntN(3)}
 		if l.table.wait(l.now()) == 0 {
 			if tc := l.admit(&fakeConn{from: from}); tc != nil {
 				live = append(live, tc)
+				*all = append(*all, tc)
 			}
 		}
 	case op == 2:
