@@ -278,7 +278,7 @@ func (r *Reloader) vet(c *Credentials) (string, error) {
 func (r *Reloader) apply(what string, d Digest, err error, w *watched, install func()) {
 	if d == w.current {
 		if w.bad != (Digest{}) {
-			r.Metrics.SetReloadFailed(w.badWhat, false)
+			r.clearFailed(w.badWhat)
 			r.log().Info("cert dir back to the running "+w.badWhat+"; the refused change is gone", "what", w.badWhat)
 			w.bad = Digest{}
 		}
@@ -288,6 +288,9 @@ func (r *Reloader) apply(what string, d Digest, err error, w *watched, install f
 		if d == w.bad {
 			return // already reported this broken content
 		}
+		if w.bad != (Digest{}) && w.badWhat != what {
+			r.clearFailed(w.badWhat) // that refused content is gone too
+		}
 		w.bad, w.badWhat = d, what
 		r.Metrics.ObserveReload(what, err)
 		r.logRefused(what, err)
@@ -296,6 +299,17 @@ func (r *Reloader) apply(what string, d Digest, err error, w *watched, install f
 	install()
 	w.current, w.bad = d, Digest{}
 	r.Metrics.ObserveReload(what, nil)
+}
+
+// clearFailed lowers trustd_reload_failed{what} once the content refused
+// under it is gone; for "trust", to what the running credentials still
+// say (accepted CAs left out since the start stay reported).
+func (r *Reloader) clearFailed(what string) {
+	failed := false
+	if c := r.Service.Credentials(); what == reloadTrust && c != nil {
+		failed = len(c.Trust().Unvouched) > 0 || c.Trust().StatementErr != nil
+	}
+	r.Metrics.SetReloadFailed(what, failed)
 }
 
 // logRefused logs a refused reload: at WARN with the CAs' fingerprints

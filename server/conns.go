@@ -359,7 +359,7 @@ func (l *connListener) admit(c net.Conn) *trackedConn {
 	victim, refuse := l.table.victim(ap.Addr(), now)
 	if refuse {
 		l.mu.Unlock()
-		l.refuse(c, closedNoRoom, "connections refused: no slot could be freed for them (every connection is younger than TRUSTD_EVICTION_GRACE or carries a request); raise TRUSTD_MAX_CONNECTIONS if this lasts", nil)
+		l.refuse(c, closedNoRoom, "connections refused: no slot could be freed for them (every connection is younger than TRUSTD_EVICTION_GRACE, carries a request, or is a known worker's within TRUSTD_KNOWN_WORKER_RESERVE); raise TRUSTD_MAX_CONNECTIONS if this lasts", nil)
 		return nil
 	}
 	reason := l.dropLocked(victim)

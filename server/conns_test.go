@@ -128,6 +128,31 @@ func TestKnownWorkersKeepAReserve(t *testing.T) {
 	}
 }
 
+// TestUnknownNewcomerSparesTheReserve: when every unknown connection is
+// still in its grace and the budget is full, a newcomer from an unknown
+// address is refused rather than given a known worker's connection
+// within the reserve (a fast flood of unknown addresses would otherwise
+// cut every renewal that needs longer than the grace).
+func TestUnknownNewcomerSparesTheReserve(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	later := t0.Add(time.Minute)
+	table, add := tableAt(ConnLimits{MaxConnections: 100, MaxUnauthenticated: 4, KnownWorkerReserve: 2, EvictionGrace: 2 * time.Second})
+	worker := add("10.0.0.1", t0, true)
+	table.requestStarted(worker, t0)
+	table.requestEnded(worker)
+	table.remove(worker)
+	known := add("10.0.0.1", t0, true)
+	for i := range 3 {
+		add(fmt.Sprintf("10.9.0.%d", i+1), later.Add(-time.Second), true)
+	}
+	if v, refuse := table.victim(netip.MustParseAddr("10.9.0.9"), later); v == known || !refuse {
+		t.Fatalf("unknown newcomer: victim %v (refuse %v), want a refusal that spares the known worker's connection", v, refuse)
+	}
+	if v, refuse := table.victim(netip.MustParseAddr("10.0.0.1"), later); refuse || v != known {
+		t.Fatalf("known newcomer: victim %v (refuse %v), want the known connection past its grace", v, refuse)
+	}
+}
+
 // TestTokenIsNotALease: a connection is authenticated only while it
 // carries a request; then it is idle, and at the cap it goes first.
 func TestTokenIsNotALease(t *testing.T) {
@@ -177,23 +202,33 @@ func accountingRun(t *testing.T, rng *rand.Rand) {
 		HandshakeTimeout: time.Hour, KnownWorkerReserve: 2, DeferAccept: -1}, NewMetrics(prometheus.NewRegistry(), "file", true), nil)
 	clock := time.Unix(1000, 0)
 	l.now = func() time.Time { return clock }
-	var live []*trackedConn
+	var live, all []*trackedConn
 	for step := range 400 {
 		clock = clock.Add(time.Millisecond)
-		live = accountingStep(t, l, rng, live)
+		live = accountingStep(t, l, rng, live, &all)
 		checkAccounting(t, l, live, step)
 	}
 }
 
-func accountingStep(t *testing.T, l *connListener, rng *rand.Rand, live []*trackedConn) []*trackedConn {
+// accountingStep runs one random operation. all holds every connection
+// ever admitted: the close and request paths are also driven on ones
+// another path already closed (an evicted or expired connection that
+// gRPC closes later), which must not release their slot again.
+func accountingStep(t *testing.T, l *connListener, rng *rand.Rand, live []*trackedConn, all *[]*trackedConn) []*trackedConn {
 	t.Helper()
-	pick := func() *trackedConn { return live[rng.IntN(len(live))] }
+	pick := func() *trackedConn {
+		if rng.IntN(3) == 0 {
+			return (*all)[rng.IntN(len(*all))]
+		}
+		return live[rng.IntN(len(live))]
+	}
 	switch op := rng.IntN(6); {
 	case op <= 1 || len(live) == 0: // accept (ports repeat: a reset and reconnect)
 		from := &net.TCPAddr{IP: net.IPv4(10, byte(rng.IntN(3)), 0, byte(1+rng.IntN(4))), Port: 1000 + rng.IntN(3)}
 		if l.table.wait(l.now()) == 0 {
 			if tc := l.admit(&fakeConn{from: from}); tc != nil {
 				live = append(live, tc)
+				*all = append(*all, tc)
 			}
 		}
 	case op == 2:

@@ -219,7 +219,8 @@ func (t *connTable) wait(now time.Time) time.Duration {
 // storm of new nodes is not cut); otherwise an unknown connection goes.
 func (t *connTable) victim(addr netip.Addr, now time.Time) (victim *trackedConn, refuse bool) {
 	room := !t.capFull() && !t.unauthFull()
-	if !t.known.has(addr, now) && t.unknownUnauth >= t.cfg.MaxUnauthenticated-t.cfg.KnownWorkerReserve {
+	known := t.known.has(addr, now)
+	if !known && t.unknownUnauth >= t.cfg.MaxUnauthenticated-t.cfg.KnownWorkerReserve {
 		if v := t.pickUnauth(now, true); v != nil || room {
 			// Every unknown connection is still young: the newcomer borrows
 			// from the reserve, and the next unknown newcomer repays it.
@@ -230,13 +231,23 @@ func (t *connTable) victim(addr netip.Addr, now time.Time) (victim *trackedConn,
 		return nil, false
 	}
 	v := t.pickUnauth(now, false)
+	if v != nil && !known && t.protected(v) {
+		// Protected connections rank last: every evictable one is a known
+		// worker's within the reserve, which no unknown newcomer takes.
+		return nil, true
+	}
 	return v, v == nil
+}
+
+// protected reports whether tc is a known worker's connection within
+// the reserve.
+func (t *connTable) protected(tc *trackedConn) bool {
+	return tc.known && t.unauth.Len()-t.unknownUnauth <= t.cfg.KnownWorkerReserve
 }
 
 // pickUnauth returns the unauthenticated connection that ranks lowest
 // (see victim), or nil; onlyUnknown restricts it to unknown addresses.
 func (t *connTable) pickUnauth(now time.Time, onlyUnknown bool) *trackedConn {
-	protect := t.unauth.Len()-t.unknownUnauth <= t.cfg.KnownWorkerReserve
 	var best *trackedConn
 	var bestKey evictionKey
 	for e := t.unauth.Front(); e != nil; e = e.Next() {
@@ -247,7 +258,7 @@ func (t *connTable) pickUnauth(now time.Time, onlyUnknown bool) *trackedConn {
 		if onlyUnknown && tc.known {
 			continue
 		}
-		k := evictionKey{protected: tc.known && protect, sentData: tc.sentData, busy: t.busyness(tc)}
+		k := evictionKey{protected: t.protected(tc), sentData: tc.sentData, busy: t.busyness(tc)}
 		if best == nil || k.before(bestKey) {
 			best, bestKey = tc, k
 		}

@@ -32,9 +32,14 @@ func (e *TrustError) Error() string {
 }
 
 // trustGuard remembers, for the life of the process, the highest trust
-// statement sequence installed: a statement older than that may name a
-// CA removed since.
-type trustGuard struct{ highSeq uint64 }
+// statement sequence installed and what that statement said: a statement
+// older than that may name a CA removed since, and one that reuses the
+// number for another root or set of CAs would let whoever holds both
+// switch between them.
+type trustGuard struct {
+	highSeq uint64
+	high    *certdir.TrustStatement
+}
 
 // check decides whether next may replace running.
 func (g *trustGuard) check(running, next *Credentials) error {
@@ -46,14 +51,28 @@ func (g *trustGuard) check(running, next *Credentials) error {
 		return &TrustError{Reason: certdir.FileAcceptedCAs + " holds CAs the root does not vouch for; vouch for them with `steward-trustd-ceremony trust add --signer ROOT --ca os-ca.crt CA.crt`, or remove them", CAs: certdir.Fingerprints(t.Unvouched)}
 	case t.Statement != nil && t.Sequence() < g.highSeq:
 		return &TrustError{Reason: fmt.Sprintf("trust statement sequence %d is older than %d, already installed: a replayed statement; restore the newest one the ceremony wrote", t.Sequence(), g.highSeq), CAs: t.Statement.CAs}
+	case g.conflicts(t.Statement):
+		return &TrustError{Reason: fmt.Sprintf("trust statement sequence %d, already installed, now names another root or set of CAs: two statements under one number; restore the one the ceremony wrote last, or re-vouch (`steward-trustd-ceremony trust add`) to number a new one", t.Sequence()), CAs: t.Statement.CAs}
 	case !running.CA().Equal(next.CA()) && !slices.ContainsFunc(running.trust.Bundle, next.CA().Equal):
 		return &TrustError{Reason: certdir.FileCACert + " changed to a root the running root did not vouch for (a rotation vouches for the new root with `rotate --signer`); put the running os-ca.crt back", CAs: certdir.Fingerprints([]*x509.Certificate{next.CA()})}
 	}
 	return nil
 }
 
+// conflicts reports whether st reuses the installed sequence number for
+// another root or another list of CAs (a re-signed statement of the same
+// list, differing only in its time, does not).
+func (g *trustGuard) conflicts(st *certdir.TrustStatement) bool {
+	return st != nil && g.high != nil && st.Sequence == g.highSeq &&
+		(st.Root != g.high.Root || !slices.Equal(st.CAs, g.high.CAs))
+}
+
 // installed records c's statement as the newest seen.
-func (g *trustGuard) installed(c *Credentials) { g.highSeq = max(g.highSeq, c.Trust().Sequence()) }
+func (g *trustGuard) installed(c *Credentials) {
+	if st := c.Trust().Statement; st != nil && st.Sequence >= g.highSeq {
+		g.highSeq, g.high = st.Sequence, st
+	}
+}
 
 // LogTrust reports at start what the daemon serves as `ca`: a WARN line
 // with the fingerprints of the accepted CAs it leaves out (and

@@ -204,3 +204,48 @@ func TestRootPin(t *testing.T) {
 		}
 	}
 }
+
+// TestTrustEqualSequenceOtherSet: a statement that reuses the installed
+// sequence number for another set of CAs (two statements the root signed
+// under one number, e.g. from a restored ceremony directory) is refused
+// like a replay: otherwise a cert-dir writer holding both could switch
+// between them. The same set under the same number (a re-signed
+// statement) is taken.
+func TestTrustEqualSequenceOtherSet(t *testing.T) {
+	root, a, b := newTestCA(t, signer.ECDSAP256), newTestCA(t, signer.ECDSAP256), newTestCA(t, signer.ECDSAP256)
+	both := append(append([]byte(nil), a.pem...), b.pem...)
+	td := newTrustDir(t, root.signer, map[string][]byte{certdir.FileToken: []byte(testToken), certdir.FileCACert: root.pem, certdir.FileAcceptedCAs: a.pem, certdir.FileTrustStatement: root.vouch(t, 3, a)})
+	td.want("start", []*testCA{root, a}, 0)
+	td.write(map[string][]byte{certdir.FileAcceptedCAs: both, certdir.FileTrustStatement: root.vouch(t, 3, a, b)})
+	td.want("sequence 3 reused for another set", []*testCA{root, a}, 1)
+	if !strings.Contains(td.logs.String(), "sequence 3") {
+		t.Errorf("refusal does not name the sequence:\n%s", td.logs.String())
+	}
+	td.write(map[string][]byte{certdir.FileAcceptedCAs: a.pem, certdir.FileTrustStatement: root.vouch(t, 3, a)})
+	td.want("same set re-signed under 3", []*testCA{root, a}, 0)
+	td.write(map[string][]byte{certdir.FileAcceptedCAs: both, certdir.FileTrustStatement: root.vouch(t, 4, a, b)})
+	td.want("sequence 4", []*testCA{root, a, b}, 0)
+}
+
+// TestTrustRefusalClearedWhenFilesReturn: a refused unvouched CA, then a
+// broken token on top, then the running files back: no refusal gauge
+// stays up (trustd_reload_failed{what="trust"} would page about a CA no
+// longer in the cert dir). One left out since the start stays reported.
+func TestTrustRefusalClearedWhenFilesReturn(t *testing.T) {
+	root, evil := newTestCA(t, signer.ECDSAP256), newTestCA(t, signer.ECDSAP256)
+	token := []byte(testToken + "\n")
+	td := newTrustDir(t, root.signer, map[string][]byte{certdir.FileToken: token, certdir.FileCACert: root.pem})
+	td.write(map[string][]byte{certdir.FileAcceptedCAs: evil.pem})
+	td.want("unvouched CA refused", []*testCA{root}, 1)
+	td.write(map[string][]byte{certdir.FileToken: []byte("\n")})
+	td.write(map[string][]byte{certdir.FileToken: token, certdir.FileAcceptedCAs: nil})
+	td.want("files back", []*testCA{root}, 0)
+	if got := testutil.ToFloat64(td.m.reloadFailed.WithLabelValues("credentials")); got != 0 {
+		t.Errorf("files back: trustd_reload_failed{what=credentials} %v, want 0", got)
+	}
+
+	td = newTrustDir(t, root.signer, map[string][]byte{certdir.FileToken: token, certdir.FileCACert: root.pem, certdir.FileAcceptedCAs: evil.pem})
+	td.write(map[string][]byte{certdir.FileToken: []byte("\n")})
+	td.write(map[string][]byte{certdir.FileToken: token})
+	td.want("unvouched since the start", []*testCA{root}, 1)
+}

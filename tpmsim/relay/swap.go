@@ -182,11 +182,12 @@ func (cl *client) flushSaved(cmd []byte) []byte {
 // newHandle records a handle the TPM just created for the client and
 // returns the client's handle for it: the same number, unless the client
 // already uses that number for an object that was moved (then a free
-// one, which rsp is rewritten to carry).
+// one, which rsp is rewritten to carry: the next lower transient number,
+// wrapping from the lowest to the highest).
 func (cl *client) newHandle(rsp []byte, h uint32) tpm2.TPMHandle {
 	v := tpm2.TPMHandle(h)
-	for h>>24 == htTransient && cl.owns(uint32(v)) && uint32(v) > htTransient<<24 {
-		v--
+	for h>>24 == htTransient && cl.owns(uint32(v)) {
+		v = tpm2.TPMHandle(htTransient<<24 | (uint32(v)-1)&0xFFFFFF)
 	}
 	if v != tpm2.TPMHandle(h) {
 		cl.setReal(v, tpm2.TPMHandle(h))
