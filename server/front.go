@@ -130,12 +130,14 @@ func (f *FrontDoor) Drain() {
 	}
 	old := f.current
 	f.current = f.startLocked()
+	// Counted before the old server is stopped: once it sends GOAWAY its
+	// connections may close before they are counted.
+	f.cfg.Service.metrics.connsClosedN(closedNotReady, f.lis.open())
 	f.draining.Add(1)
 	go func() {
 		defer f.draining.Done()
 		f.stopWithin(old, f.cfg.ShutdownGrace)
 	}()
-	f.cfg.Service.metrics.connsClosedN(closedNotReady, f.lis.open())
 }
 
 func (f *FrontDoor) shutdown() {
