@@ -275,7 +275,8 @@ logs() {
 
 down() {
   set +e
-  local name pid pids phase
+  local name pid pids phase netns
+  netns=$(pod_netns)   # before the pause containers are killed
   # etcd last: kube-apiserver's graceful shutdown writes to it.
   for phase in rest etcd; do
     pids=""
@@ -304,7 +305,7 @@ down() {
   # the pod network namespaces containerd made there.
   grep -F " $STATE" /proc/self/mounts | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m"; done
   local f
-  for f in $(cat "$STATE/pod-netns" 2>/dev/null); do umount -l "$f" 2>/dev/null; rm -f "$f"; done
+  for f in $netns; do umount -l "$f" 2>/dev/null; rm -f "$f"; done
   [ -f "$STATE/netns" ] && ip netns del "$(cat "$STATE/netns")"
   if [ -n "$cg" ]; then
     # Every hierarchy, the unified one too (the kubelet makes its cgroups there as well).
@@ -315,9 +316,22 @@ down() {
   rm -rf "$STATE" && echo "e2e-node: down ($STATE removed)" >&2
 }
 
-# pod_netns: the pods' network namespaces (cni-*) made since start.
-pod_netns() { comm -13 "$STATE/netns.before" <(netns_list) | sed -n 's#^cni-#/run/netns/cni-#p'; }
-netns_list() { { ls /run/netns 2>/dev/null || true; } | sort; }
+# pod_netns: the pods' network namespaces, the /run/netns/cni-* files
+# containerd made for them: those whose inode is the network namespace of
+# a process in this run's cgroup tree (the pause containers), so that no
+# other job's namespace is touched.
+pod_netns() {
+  [ -f "$STATE/cgroot" ] || return 0
+  local pid f ino inos=" "
+  for pid in $(find "$(cgmem "$(cat "$STATE/cgroot")")" -name cgroup.procs -exec cat {} + 2>/dev/null); do
+    ino=$(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null) && inos="$inos$ino "
+  done
+  for f in /run/netns/cni-*; do
+    [ -e "$f" ] || continue
+    ino=$(stat -L -c %i "$f" 2>/dev/null) && [[ $inos == *" $ino "* ]] && echo "$f"
+  done
+  return 0
+}
 
 if [ "${1:-}" = down ]; then STATE=${2:?usage: e2e-node.sh down STATE}; RUN=$STATE/run; down; exit; fi
 [ "$(id -u)" -eq 0 ] || { echo "e2e-node: needs root (network namespace, cgroups, mounts)" >&2; exit 2; }
@@ -332,8 +346,7 @@ PAUSE_TAG=3.10.2 PAUSE=localhost/e2e/pause:3.10.2
 STATE=${E2E_STATE:-$(mktemp -d /tmp/steward-e2e.XXXXXX)}; RUN=$STATE/run
 mkdir -p "$RUN"; : >"$RUN/order"
 NS=steward-e2e-$$
-netns_list >"$STATE/netns.before"
-trap 'rc=$?; pod_netns >"$STATE/pod-netns"; [ $rc -eq 0 ] || logs; if [ -n "${E2E_KEEP:-}" ]; then log "kept: hack/e2e-node.sh down $STATE"; else down; fi; exit $rc' EXIT
+trap 'rc=$?; [ $rc -eq 0 ] || logs; if [ -n "${E2E_KEEP:-}" ]; then log "kept: hack/e2e-node.sh down $STATE"; else down; fi; exit $rc' EXIT
 up_api
 up_node
 log "cluster up"
