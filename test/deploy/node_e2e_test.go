@@ -27,13 +27,13 @@ func TestTalosWorkerThroughService(t *testing.T) {
 	if certs == "" || addr == "" {
 		t.Fatal("STEWARD_K8S_E2E=1 needs E2E_CERTS (gencreds' output) and E2E_TRUSTD_ADDR (the Service): run it through `make e2e`")
 	}
-	s := &served{addr: addr, logs: func() string { return "(pod logs: printed by hack/e2e-node.sh)" },
+	s := &served{addr: addr,
 		token: strings.TrimSpace(string(readFile(t, filepath.Join(certs, certdir.FileToken)))),
 		caPEM: readFile(t, filepath.Join(certs, certdir.FileCACert))}
 	for _, ed25519 := range []bool{false, true} {
 		crt, err := talosWorkerRequest(t, s, ed25519)
 		if err != nil {
-			t.Fatalf("Talos worker through the Service %s (ed25519 %v): %v", addr, ed25519, err)
+			t.Fatalf("Talos worker through the Service %s (ed25519 %v): %v (hack/e2e-node.sh prints the pod's log)", addr, ed25519, err)
 		}
 		checkWorkerCert(t, crt, s.caPEM)
 		t.Logf("Talos worker (ed25519 %v) got a certificate through the Service %s", ed25519, addr)
