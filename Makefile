@@ -12,7 +12,7 @@ PORT      ?= 50001
 # Tests that need swtpm or SoftHSMv2 fail instead of skipping when set.
 export STEWARD_REQUIRE_DEVICES = 1
 
-.PHONY: test-k8s test-image
+.PHONY: test-k8s test-image e2e
 .PHONY: all deps build build-all build-gencreds build-ceremony run-local run-local-notice clean-local test-alerts test test-unit test-talos test-attack bench-attack test-deploy test-coverage lint fuzz bench fleet-boot image image-smoke docker-build docker-buildx clean
 
 all: build-all
@@ -81,6 +81,18 @@ test-deploy:
 # what is under test is the manifests.
 test-k8s: deps
 	cd test/k8s && bin=$$(../../hack/k8s-build.sh kube-apiserver) && STEWARD_K8S_BIN=$$bin $(GO) test -count=1 -v ./...
+
+# The node level (root; not part of `make test`): hack/e2e-node.sh starts
+# etcd, kube-apiserver, controller-manager, scheduler, containerd, kubelet
+# and kube-proxy in a network namespace of its own and runs test/k8s's
+# TestNodeE2E there: overlays/file deployed with the image from `make
+# image` (tagged as deploy/kubernetes/base names it), pod Ready, TLS through
+# the Service verifying to os-ca.crt. Overwrites $(BIN)/image.
+E2E_TAG = $(shell sed -n 's/^ *newTag: *//p' deploy/kubernetes/base/kustomization.yaml | head -1)
+e2e: deps
+	$(MAKE) image IMAGE_ARCHS=amd64 VERSION=$(E2E_TAG)
+	bin=$$(./hack/k8s-build.sh kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy) && \
+	  ./hack/e2e-node.sh $$bin $(abspath $(BIN))/image $(abspath $(BIN))/linux-amd64/steward-trustd-gencreds
 
 # The image writer's unit checks (hack/image, its own module): the config's
 # rootfs.diff_ids match the layers, as container runtimes require.

@@ -25,6 +25,10 @@ pkgs+=(etcd-server)
 # containerd, runc: hack/image's TestContainerdImports hands the image to a
 # real containerd (its own root and socket; no service is used).
 pkgs+=(containerd runc)
+# containernetworking-plugins (bridge, host-local), nftables (kube-proxy's
+# nftables mode), curl: make e2e's node (hack/e2e-node.sh), which runs
+# containerd and kube-proxy inside a network namespace of its own.
+pkgs+=(containernetworking-plugins nftables curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -355,9 +355,15 @@ func moduleDir(t *testing.T, mod string) string {
 // render runs kustomize on dir (relative to deploy/kubernetes).
 func render(t *testing.T, dir string) []*unstructured.Unstructured {
 	t.Helper()
-	rm, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), filepath.Join(manifests, dir))
+	return renderPath(t, filepath.Join(manifests, dir))
+}
+
+// renderPath runs kustomize on the directory at path.
+func renderPath(t *testing.T, path string) []*unstructured.Unstructured {
+	t.Helper()
+	rm, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), path)
 	if err != nil {
-		t.Fatalf("kustomize build %s: %v", dir, err)
+		t.Fatalf("kustomize build %s: %v", path, err)
 	}
 	var objs []*unstructured.Unstructured
 	for _, r := range rm.Resources() {
