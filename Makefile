@@ -43,7 +43,7 @@ run-local: deps run-local-notice build-all
 run-local-notice:
 	@echo "building $(BIN)/steward-trustd, the ceremony and steward-tpm-relay (the first build takes a few minutes; packages are listed as they compile)" >&2
 
-test: deps lint test-unit test-talos test-attack test-deploy test-k8s test-image
+test: deps lint test-unit test-talos test-attack test-deploy test-k8s test-image e2e
 
 test-unit:
 	$(GO) test -race -count=1 ./...
@@ -82,7 +82,7 @@ test-deploy:
 test-k8s: deps
 	cd test/k8s && bin=$$(../../hack/k8s-build.sh kube-apiserver) && STEWARD_K8S_BIN=$$bin $(GO) test -count=1 -v ./...
 
-# The node level (root; not part of `make test`): hack/e2e-node.sh starts
+# The node level (root; the last step of `make test`): hack/e2e-node.sh starts
 # etcd, kube-apiserver, controller-manager, scheduler, containerd, kubelet
 # and kube-proxy in a network namespace of its own and runs test/k8s's
 # TestNodeE2E there: overlays/file deployed with the image from `make
