@@ -28,7 +28,7 @@ pkgs+=(containerd runc)
 # containernetworking-plugins (bridge, host-local), nftables (kube-proxy's
 # nftables mode), curl: make e2e's node (hack/e2e-node.sh), which runs
 # containerd and kube-proxy inside a network namespace of its own.
-pkgs+=(containernetworking-plugins nftables curl)
+pkgs+=(containernetworking-plugins nftables curl iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
