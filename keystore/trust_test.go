@@ -102,7 +102,8 @@ func trustRefusals(t *testing.T, c *keystore.Ceremony, d keystore.OSDir, uri str
 	}
 }
 
-// TestWorkerPatchCarriesNewestToken (issue 20.3): during a token rotation
+// TestWorkerPatchCarriesNewestToken: Talos sends no request when
+// machine.token holds several lines. During a token rotation
 // the token file holds two lines (the new one appended by the shell); a
 // ceremony command that rewrites the worker patch puts exactly the newest
 // (last) into machine.token and keeps both in the token file.

@@ -39,7 +39,8 @@ func TestTokenFingerprints(t *testing.T) {
 	}
 }
 
-// TestTokenReloadGuard (issue 20.3): `openssl rand -hex 32 >> token` on a
+// TestTokenReloadGuard: a token rotation by hand must not cause an
+// outage. `openssl rand -hex 32 >> token` on a
 // file without a trailing newline makes one long token; a reload that
 // would leave no running token is refused (running set kept, WARN,
 // trustd_reload_failed{what="token"}), a proper append is taken, and a

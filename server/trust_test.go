@@ -110,7 +110,8 @@ func (td *trustDir) want(step string, served []*testCA, failed float64, logged .
 	}
 }
 
-// TestTrustBundleRootVouched is issue 18.1 against a running reloader: a
+// TestTrustBundleRootVouched: write access to the cert dir must not choose
+// the workers' client CAs. Against a running reloader: a
 // self-signed ClientAuth CA written into accepted-cas.crt is not served
 // (WARN, metric), a root-signed statement adding it is, a newer one
 // removing it removes it, a replayed older statement is refused, and the

@@ -1,6 +1,6 @@
 // Package harden keeps the process's secrets (worker tokens, PINs, a
 // file-backed CA key) out of core dumps and, where the platform allows,
-// out of swap (issue 18.3).
+// out of swap.
 package harden
 
 import (

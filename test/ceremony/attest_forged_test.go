@@ -21,7 +21,8 @@ import (
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
 
-// TestAttestedEnrolmentForgedEvidence is issue 18's attack: a software
+// TestAttestedEnrolmentForgedEvidence: evidence alone is not attestation.
+// A software
 // AK and key around a genuine EK certificate borrowed from another TPM
 // (swtpm's, under the trusted EK roots) pass every check evidence can
 // carry, so intermediate sign must record them as "pending activation",

@@ -149,7 +149,8 @@ func TestAttestImportedKeyRefused(t *testing.T) {
 	}
 }
 
-// TestAttestWhileDaemonServes is issue 20's outage: attest and attest
+// TestAttestWhileDaemonServes: the ceremony must not take the TPM from
+// the daemon. attest and attest
 // --challenge share the TPM (through the relay, as on make run-local)
 // with the daemon serving from it; the daemon's key and sessions are not
 // touched, so worker requests before, between and after all succeed.

@@ -16,7 +16,8 @@ import (
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 )
 
-// TestTrustStatement is issue 18.1 end to end, on each backend as the
+// TestTrustStatement: only the root key chooses the workers' client CAs,
+// end to end, on each backend as the
 // root's signer: a self-signed ClientAuth CA written into accepted-cas.crt
 // of a running daemon is not served (WARN with its fingerprint); `trust
 // add` signed by the root serves it; `trust remove` takes it out; the
@@ -135,7 +136,8 @@ func TestFleetCheck(t *testing.T) {
 	}
 }
 
-// TestDaemonCoreLimit (issue 18.3): the running daemon's core file size
+// TestDaemonCoreLimit: no secret may reach a core dump, so the running
+// daemon's core file size
 // limit is 0, soft and hard, though it was started with cores allowed —
 // so harden.AtStart ran in the real binary. (That the limit and
 // PR_SET_DUMPABLE leave no core on a crash is internal/harden's

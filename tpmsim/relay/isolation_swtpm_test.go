@@ -13,7 +13,8 @@ import (
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
 
-// TestClientsIsolated is issue 20's outage: one client (attest
+// TestClientsIsolated: sharing the TPM must not break the daemon. One
+// client (attest
 // --challenge, tpm2_flushcontext -t, the signer's reclaim) flushing
 // "every loaded handle" or a specific handle of another client — the
 // daemon's key and session — must not touch them: it sees none of them,

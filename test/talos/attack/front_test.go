@@ -57,7 +57,8 @@ type frontDaemon struct {
 	fleet             *fleet
 }
 
-// TestFrontDoor runs the rows of issue 19's table against the daemon
+// TestFrontDoor runs the round-two attacks (many-address flood, token
+// holders with empty CSRs, reset race) against the daemon
 // with its default limits: workers on their own addresses, a write delay
 // away, under each attacker; they must get their certificates, the
 // attack must show in the metrics, and the accounting must hold.

@@ -53,7 +53,7 @@ func talosSchedule(n int) time.Duration {
 // kernel's accept queue rather than be accepted and cut: few attempts per
 // worker, almost no attempt cut, certificates roughly in arrival order,
 // and the state log quiet. make test runs a storm 2.3 times a lowered
-// cap; -long (make bench-attack) runs issue 19's: 1,000 workers within
+// cap; -long (make bench-attack) runs the full storm: 1,000 workers within
 // 10 s at the default cap, with a 1 s-retry client and Talos's schedule.
 func TestStorm(t *testing.T) {
 	devtest.NeedTool(t, "swtpm")
