@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/base64"
-	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/server"
 	"github.com/steward-trustd/steward-trustd/signer/file"
 )
@@ -414,11 +414,11 @@ func rootPins(get lookup) ([]string, error) {
 	v, _ := get("root-sha256")
 	var pins []string
 	for _, p := range cli.SplitList(v) {
-		p = strings.ToLower(strings.ReplaceAll(p, ":", ""))
-		if _, err := hex.DecodeString(p); err != nil || len(p) != 64 {
-			return nil, bad("root-sha256", "%q is not a SHA-256 fingerprint (64 hex digits)", p)
+		fp, err := pki.ParseFingerprint(p)
+		if err != nil {
+			return nil, bad("root-sha256", "%v", err)
 		}
-		pins = append(pins, p)
+		pins = append(pins, fp)
 	}
 	return pins, nil
 }

@@ -8,6 +8,8 @@ import (
 	"encoding/pem"
 	"fmt"
 	"strings"
+
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 )
 
 // EKPins maps node names (the request's common name) to the SHA-256
@@ -28,8 +30,8 @@ func ParseEKFingerprint(s string, file []byte) (string, error) {
 		sum := sha256.Sum256(der)
 		return hex.EncodeToString(sum[:]), nil
 	}
-	h := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(strings.TrimSpace(s), "sha256:"), ":", ""))
-	if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size {
+	h, err := pki.ParseFingerprint(strings.TrimPrefix(strings.TrimSpace(s), "sha256:"))
+	if err != nil {
 		return "", fmt.Errorf("%q is neither an EK certificate file nor a hex SHA-256 fingerprint (64 hex digits, as verify-attestation and the enrolment receipt print it)", s)
 	}
 	return h, nil

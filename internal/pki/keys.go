@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"fmt"
+	"strings"
 )
 
 // RSA key sizes a certificate request may have: below MinRSABits is
@@ -63,6 +64,17 @@ func KeyMatchesCert(pub crypto.PublicKey, c *x509.Certificate) bool {
 func CertFingerprint(c *x509.Certificate) string {
 	sum := sha256.Sum256(c.Raw)
 	return hex.EncodeToString(sum[:])
+}
+
+// ParseFingerprint reads a hex SHA-256 fingerprint as people copy them
+// (colons allowed, any case) and returns it as CertFingerprint prints it;
+// anything but 64 hex digits is refused.
+func ParseFingerprint(s string) (string, error) {
+	h := strings.ToLower(strings.ReplaceAll(s, ":", ""))
+	if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size {
+		return "", fmt.Errorf("%q is not a SHA-256 fingerprint (64 hex digits)", s)
+	}
+	return h, nil
 }
 
 // SubjectKeyID is the key identifier of pub in the manner of RFC 7093

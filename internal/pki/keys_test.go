@@ -161,3 +161,25 @@ func sha256Sum(b []byte) []byte {
 	s := sha256.Sum256(b)
 	return s[:]
 }
+
+func TestParseFingerprint(t *testing.T) {
+	hex64 := strings.Repeat("ab", 32)
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{hex64, hex64, true},
+		{strings.ToUpper(hex64), hex64, true},
+		{strings.TrimSuffix(strings.Repeat("AB:", 32), ":"), hex64, true},
+		{"sha256:" + hex64, "", false},
+		{hex64[:62], "", false},
+		{hex64 + "ab", "", false},
+		{strings.Repeat("zz", 32), "", false},
+		{"", "", false},
+	} {
+		got, err := ParseFingerprint(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("ParseFingerprint(%q) = %q, %v; want %q, ok %v", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+}
