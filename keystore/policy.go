@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // Receipt operation of an approval.
@@ -22,7 +22,7 @@ type ApproveOptions struct {
 	// (tpm.KeyBinding of its blob, tpm.CreationBinding of a key about to
 	// be made): the approval signs its policyRef, and a selection it does
 	// not accept is refused. Required.
-	Binding tpm.Binding
+	Binding tpmpolicy.Binding
 	// PCRs and Values are the approved sha256 PCR state, in PCR order.
 	PCRs   []int
 	Values [][]byte
@@ -57,11 +57,11 @@ func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) 
 	if approvedBy == "" {
 		approvedBy = auth.Describe().Fingerprint
 	}
-	a, err := tpm.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpm.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
+	a, err := tpmpolicy.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpmpolicy.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
 	if err != nil {
 		return nil, fmt.Errorf("policy approve: %w", err)
 	}
-	data, err := tpm.MarshalApprovals(a)
+	data, err := tpmpolicy.MarshalApprovals(a)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +104,7 @@ func (c *Ceremony) commitApproval(receipts Dir, authority signer.Description, de
 }
 
 // approvalDetails are the receipt details of an approval.
-func approvalDetails(a *tpm.Approval, source string) map[string]string {
+func approvalDetails(a *tpmpolicy.Approval, source string) map[string]string {
 	d := map[string]string{"pcrs": pcrString(a.PCRs), "pol": a.Pol, "ref": a.Ref, "authority": a.PKFP, "source": source}
 	for p, v := range a.PCRValues {
 		d["pcr"+p] = v
