@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -64,7 +65,7 @@ func (e *Engine) Decide(req *Request) (*Response, error) {
 		return nil, err
 	}
 	v := e.rules.Load().Match(s, peer, req.DNSNames, ips)
-	if pinned, ok := e.pinConflict(s, peer, v, req.DNSNames, ips); ok {
+	if pinned, ok := e.pinConflict(s, peer, v, req.DNSNames); ok {
 		v = pinned
 	}
 	if v.Outcome == OutcomeAllowed {
@@ -102,19 +103,16 @@ func parseAddrs(req *Request) (netip.Addr, []netip.Addr, error) {
 
 // pinConflict turns a verdict into denied_pinned when the peer address
 // is pinned to machine X and the request is for another machine: the
-// address now belongs to another machine, or asks for a SAN another
-// machine owns.
-func (e *Engine) pinConflict(s *Snapshot, peer netip.Addr, v Verdict, names []string, ips []netip.Addr) (Verdict, bool) {
+// address now belongs to another machine, or the request asks for a DNS
+// name another machine owns (its identity).
+func (e *Engine) pinConflict(s *Snapshot, peer netip.Addr, v Verdict, names []string) (Verdict, bool) {
 	pin, ok := e.state.Pin(peer)
 	if !ok {
 		return v, false
 	}
-	if v.Machine != nil && v.Machine.Name == pin.Machine {
-		return v, false
-	}
 	other := v.Machine
-	if other == nil {
-		other = foreignOwner(s, pin.Machine, names, ips)
+	if other == nil || other.Name == pin.Machine {
+		other = foreignNameOwner(s, pin.Machine, names)
 	}
 	if other == nil {
 		return v, false
@@ -123,17 +121,12 @@ func (e *Engine) pinConflict(s *Snapshot, peer netip.Addr, v Verdict, names []st
 		peer, pin.Machine, pin.Since.Format(time.RFC3339), other.Name, other.Name, peer), true
 }
 
-// foreignOwner returns a machine other than pinned that owns one of the
-// requested SANs.
-func foreignOwner(s *Snapshot, pinned string, names []string, ips []netip.Addr) *Machine {
-	for _, ip := range ips {
-		if m, n := s.owner(ip); n == 1 && m.Name != pinned {
-			return m
-		}
-	}
+// foreignNameOwner returns a machine other than pinned that owns one of
+// the requested DNS names.
+func foreignNameOwner(s *Snapshot, pinned string, names []string) *Machine {
 	for _, d := range names {
 		for i := range s.machines {
-			if m := &s.machines[i]; m.Name != pinned && ownsName(m, d) {
+			if m := &s.machines[i]; m.Name != pinned && ownsName(m, strings.ToLower(strings.TrimSuffix(d, "."))) {
 				return m
 			}
 		}

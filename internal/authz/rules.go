@@ -109,6 +109,11 @@ func deny(outcome, format string, args ...any) Verdict {
 	return Verdict{Outcome: outcome, Reason: fmt.Sprintf(format, args...)}
 }
 
+// denyFor is a refusal of a request matched to machine m.
+func denyFor(m *Machine, outcome, why string) Verdict {
+	return Verdict{Outcome: outcome, Reason: "machine " + m.Name + ": " + why, Machine: m}
+}
+
 // Match applies the address and name rules (not pins or the window,
 // which need state): the peer must belong to exactly one machine, and
 // every SAN must be that machine's or an allowed extra.
@@ -122,12 +127,12 @@ func (r Rules) Match(s *Snapshot, peer netip.Addr, dnsNames []string, ips []neti
 	}
 	for _, ip := range ips {
 		if err := r.checkIP(s, m, ip.Unmap()); err != "" {
-			return deny(OutcomeAddressNotOwned, "machine %s: %s", m.Name, err)
+			return denyFor(m, OutcomeAddressNotOwned, err)
 		}
 	}
 	for _, d := range dnsNames {
 		if err := r.checkName(s, m, d); err != "" {
-			return deny(OutcomeNameNotOwned, "machine %s: %s", m.Name, err)
+			return denyFor(m, OutcomeNameNotOwned, err)
 		}
 	}
 	return Verdict{Outcome: OutcomeAllowed, Reason: "machine " + m.Name + " owns the peer address and every SAN", Machine: m}
