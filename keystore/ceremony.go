@@ -112,25 +112,6 @@ func (c *Ceremony) begin(d Dir) (*state, func(), error) {
 	return st, unlock, nil
 }
 
-// algName maps an Algorithm to signer.AlgorithmName without the dash.
-func algName(a signer.Algorithm) string {
-	switch a {
-	case signer.ECDSAP256:
-		return "ecdsap256"
-	case signer.ECDSAP384:
-		return "ecdsap384"
-	case signer.RSA2048:
-		return "rsa2048"
-	case signer.RSA3072:
-		return "rsa3072"
-	case signer.RSA4096:
-		return "rsa4096"
-	case signer.Ed25519:
-		return "ed25519"
-	}
-	return string(a)
-}
-
 // readOptional reads name from d; a missing file is (nil, nil).
 func readOptional(d Dir, name string) ([]byte, error) {
 	b, err := d.ReadFile(name)

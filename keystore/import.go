@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v4"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
@@ -31,7 +32,7 @@ type ImportSource struct {
 
 // ParseImportFiles parses a CA key and certificate PEM pair.
 func ParseImportFiles(keyPEM, certPEM []byte) (*ImportSource, error) {
-	key, err := file.ParsePrivateKeyPEM(keyPEM)
+	key, err := keyutil.ParsePrivateKeyPEM(keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("CA key: %w", err)
 	}
@@ -148,8 +149,8 @@ func (o *ImportOptions) check() (string, error) {
 	if !pki.KeyMatchesCert(src.Key.Public(), src.Cert) {
 		return "", fmt.Errorf("import: %w: the certificate's public key is not the key's, they are not a pair", ErrKeyMismatch)
 	}
-	if !src.Cert.IsCA || src.Cert.KeyUsage&x509.KeyUsageCertSign == 0 {
-		return "", errors.New("import: the certificate is not a CA certificate (needs basicConstraints CA and keyUsage certSign)")
+	if err := pki.CheckCA(src.Cert); err != nil {
+		return "", fmt.Errorf("import: %w", err)
 	}
 	return signer.Fingerprint(src.Key.Public())
 }

@@ -12,9 +12,9 @@ import (
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 // Target is one output file.
@@ -26,11 +26,8 @@ type Target struct {
 // OpenCA opens the key at uri and checks that it is ca's key and that ca
 // is a CA certificate.
 func (c *Ceremony) OpenCA(ctx context.Context, uri string, ca *x509.Certificate) (signer.Signer, error) {
-	if ca == nil {
-		return nil, errors.New("a CA certificate is required")
-	}
-	if !ca.IsCA || ca.KeyUsage&x509.KeyUsageCertSign == 0 {
-		return nil, fmt.Errorf("certificate %q is not a CA certificate", ca.Subject)
+	if err := pki.CheckCA(ca); err != nil {
+		return nil, err
 	}
 	s, err := c.Keys.Open(ctx, uri)
 	if err != nil {
@@ -204,7 +201,7 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 		return nil, fmt.Errorf("talosconfig: %w", err)
 	}
 	defer s.Close()
-	key, err := file.GenerateKey(c.Rand, signer.ECDSAP256)
+	key, err := keyutil.GenerateKey(c.Rand, signer.ECDSAP256)
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: generate client key: %w", err)
 	}
@@ -212,7 +209,7 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
 	}
-	keyPEM, err := file.MarshalPrivateKeyPEM(key)
+	keyPEM, err := keyutil.MarshalPrivateKeyPEM(key)
 	if err != nil {
 		return nil, err
 	}

@@ -106,7 +106,7 @@ func (c *Ceremony) claimExisting(st *state, req keyRequest, s signer.Signer) (si
 				return nil, nil, err
 			}
 		}
-	case in != nil && in.Address == keyAddress(req.uri) && sameAlgorithm(desc, in.Algorithm):
+	case in != nil && in.Address == keyAddress(req.uri) && hasAlgorithm(s, in.Algorithm):
 		if err := c.recordKey(st, req.op, s, in); err != nil {
 			s.Close()
 			return nil, nil, err
@@ -116,7 +116,7 @@ func (c *Ceremony) claimExisting(st *state, req keyRequest, s signer.Signer) (si
 		s.Close()
 		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}
 	}
-	if !sameAlgorithm(desc, req.alg) {
+	if !hasAlgorithm(s, req.alg) {
 		s.Close()
 		return nil, nil, fmt.Errorf("%w: the key an earlier run created is %s, not %s; re-run with the flags of that run", signer.ErrKeyExists, desc.Algorithm, req.alg)
 	}
@@ -196,8 +196,8 @@ func (c *Ceremony) dropIntent(st *state, op string) error {
 	return nil
 }
 
-// sameAlgorithm reports whether the key described by d has algorithm a
-// ("ECDSA-P256" is p256).
-func sameAlgorithm(d signer.Description, a signer.Algorithm) bool {
-	return strings.EqualFold(strings.ReplaceAll(d.Algorithm, "-", ""), algName(a))
+// hasAlgorithm reports whether s's key is of algorithm a.
+func hasAlgorithm(s signer.Signer, a signer.Algorithm) bool {
+	got, err := signer.AlgorithmOf(s.Public())
+	return err == nil && got == a
 }

@@ -10,9 +10,9 @@ import (
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 // The plans are pure: these tests build states in memory and never touch
@@ -20,7 +20,7 @@ import (
 
 func testCA(t *testing.T) (*signer.Description, []byte) {
 	t.Helper()
-	key, err := file.GenerateKey(rand.Reader, signer.ECDSAP256)
+	key, err := keyutil.GenerateKey(rand.Reader, signer.ECDSAP256)
 	if err != nil {
 		t.Fatal(err)
 	}
