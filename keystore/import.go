@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"go.yaml.in/yaml/v4"
 
@@ -212,7 +211,7 @@ type importResults struct {
 // an earlier run's, else a new one (with a note to patch the workers).
 func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	src := o.Source
-	p := &plan{op: "import", resumed: r.keyResumed}
+	p := &plan{op: string(opImport), resumed: r.keyResumed}
 	resuming := st.ca != nil && st.ca.Equal(src.Cert)
 	token := src.Token
 	if token == "" && resuming && st.token != "" {
@@ -231,12 +230,12 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if resuming && !o.Force && st.matches(files) && st.receipt("import", r.key.Fingerprint, pki.CertFingerprint(src.Cert)) != nil {
+	if resuming && !o.Force && st.matches(files) && st.receipt(opImport, r.key.Fingerprint, pki.CertFingerprint(src.Cert)) != nil {
 		p.alreadyDone, p.notes = true, []string{destroySourceNote(r.key)}
 		return p, nil
 	}
 	p.files = files
-	p.receipt = newReceipt("import", "", time.Time{}, r.key)
+	p.receipt = newReceipt(opImport, r.key)
 	certReceipt(&p.receipt, src.Cert)
 	if r.key.Extractable {
 		p.notes = append(p.notes, "WARNING: the backend reports the key as extractable ("+r.key.Backend+"); it is not protected by a device")

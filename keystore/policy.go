@@ -11,9 +11,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
-// Receipt operation of an approval.
-const opPolicyApprove = "policy.approve"
-
 // ApproveOptions configures Approve.
 type ApproveOptions struct {
 	// AuthorityURI is the policy authority's key (file: or pkcs11:).
@@ -68,13 +65,16 @@ func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) 
 	out := Placed{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}
 	details := approvalDetails(a, o.Source)
 	details["binding"] = o.Binding.String()
-	r, err := c.commitApproval(receipts, auth.Describe(), details, out)
+	r := newReceipt(opPolicyApprove, auth.Describe())
+	r.Details = details
+	res, err := c.record(receipts, &plan{receipt: r, outputs: []Placed{out}})
 	if err != nil {
 		return nil, fmt.Errorf("policy approve: %w", err)
 	}
-	return &Outcome{Receipt: r, Written: r.Files, Notes: []string{
+	res.Notes = []string{
 		"approval of sha256:" + pcrString(a.PCRs) + " (PolicyPCR digest " + a.Pol + ", policyRef " + strconv.Quote(a.Ref) + ") by authority " + a.PKFP + "; copy it into the approvals directory of every node in this PCR state (a ConfigMap is fine: it is not secret)",
-	}}, nil
+	}
+	return res, nil
 }
 
 // AuthorityHint is what to add to an error opening a policy authority
@@ -84,23 +84,6 @@ func AuthorityHint(err error) string {
 		return ""
 	}
 	return "; to create a policy authority key (offline, or on an HSM): steward-trustd-ceremony policy authority create --key file:/offline/authority.key [--algorithm rsa3072 to share it with systemd-measure] --public-out authority.pub"
-}
-
-// commitApproval writes the approval file, then its receipt, as one unit
-// (WritePlaced), under the receipts directory's lock.
-func (c *Ceremony) commitApproval(receipts Dir, authority signer.Description, details map[string]string, out Placed) (Receipt, error) {
-	st, unlock, err := c.begin(receipts)
-	if err != nil {
-		return Receipt{}, err
-	}
-	defer unlock()
-	r := newReceipt(opPolicyApprove, c.Version, c.now(), authority)
-	r.Files, r.Details = []string{out.path()}, details
-	rf, err := st.receiptFile(r, c.Rand)
-	if err != nil {
-		return Receipt{}, err
-	}
-	return r, WritePlaced([]Placed{out, {Dir: receipts, File: rf}})
 }
 
 // approvalDetails are the receipt details of an approval.
