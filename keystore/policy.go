@@ -34,6 +34,9 @@ type ApproveOptions struct {
 	Out Target
 	// Force allows replacing Out.
 	Force bool
+	// Epoch is the revocation epoch to approve at, for a revocable key
+	// (Binding.Revocable): its counter's current value. 0 for other keys.
+	Epoch uint64
 }
 
 // Approve signs an approval of a PCR state with the policy authority and
@@ -54,7 +57,7 @@ func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) 
 	if approvedBy == "" {
 		approvedBy = auth.Describe().Fingerprint
 	}
-	a, err := tpmpolicy.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpmpolicy.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
+	a, err := tpmpolicy.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpmpolicy.ApprovalMeta{Epoch: o.Epoch, ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
 	if err != nil {
 		return nil, fmt.Errorf("policy approve: %w", err)
 	}
@@ -65,6 +68,9 @@ func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) 
 	out := Placed{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}
 	details := approvalDetails(a, o.Source)
 	details["binding"] = o.Binding.String()
+	if a.Epoch != 0 {
+		details["epoch"] = strconv.FormatUint(a.Epoch, 10)
+	}
 	r := newReceipt(opPolicyApprove, auth.Describe())
 	r.Details = details
 	res, err := c.record(receipts, &plan{receipt: r, outputs: []Placed{out}})
