@@ -14,6 +14,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // Authorities asks for a TPM key created under policy authorities
@@ -126,7 +127,7 @@ func initialApproval(ctx context.Context, uri string, a Authorities) (ApproveOpt
 	if err != nil {
 		return ApproveOptions{}, err
 	}
-	pol, err := tpm.PCRPolicyDigest(pcrs, vals)
+	pol, err := tpmpolicy.PCRPolicyDigest(pcrs, vals)
 	if err != nil {
 		return ApproveOptions{}, err
 	}

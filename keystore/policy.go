@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // ApproveOptions configures Approve.
@@ -19,7 +19,7 @@ type ApproveOptions struct {
 	// (tpm.KeyBinding of its blob, tpm.CreationBinding of a key about to
 	// be made): the approval signs its policyRef, and a selection it does
 	// not accept is refused. Required.
-	Binding tpm.Binding
+	Binding tpmpolicy.Binding
 	// PCRs and Values are the approved sha256 PCR state, in PCR order.
 	PCRs   []int
 	Values [][]byte
@@ -68,11 +68,11 @@ func (c *Ceremony) planApproval(ctx context.Context, o ApproveOptions) (*plan, e
 	if approvedBy == "" {
 		approvedBy = auth.Describe().Fingerprint
 	}
-	a, err := tpm.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpm.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
+	a, err := tpmpolicy.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpmpolicy.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
 	if err != nil {
 		return nil, err
 	}
-	data, err := tpm.MarshalApprovals(a)
+	data, err := tpmpolicy.MarshalApprovals(a)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +94,7 @@ func AuthorityHint(err error) string {
 }
 
 // approvalDetails are the receipt details of an approval.
-func approvalDetails(a *tpm.Approval, source string) map[string]string {
+func approvalDetails(a *tpmpolicy.Approval, source string) map[string]string {
 	d := map[string]string{"pcrs": pcrString(a.PCRs), "pol": a.Pol, "ref": a.Ref, "authority": a.PKFP, "source": source}
 	for p, v := range a.PCRValues {
 		d["pcr"+p] = v
