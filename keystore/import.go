@@ -15,7 +15,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 // ImportSource is an existing OS CA to move onto a device.
@@ -251,12 +250,13 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	return p, nil
 }
 
-// destroySourceNote says where the key now is (a file key is no device)
-// and that every copy of the source must go.
+// destroySourceNote says where the key now is (an extractable key, a
+// file key always, is held by no device) and that every copy of the
+// source must go.
 func destroySourceNote(key signer.Description) string {
 	where := "is on the device (" + key.Location + ")"
-	if key.Backend == file.Scheme {
-		where = "is in the key file " + key.Location + " (extractable: no device holds it)"
+	if key.Extractable {
+		where = "is at " + key.Location + " (extractable: no device keeps it from being copied)"
 	}
 	return "the key " + where + " and signs correctly: now destroy every copy of the source key, including backups " +
 		"(a key file: shred -u; a secrets.yaml: the import writes its worker secrets file without the OS CA key, then destroy the original)"

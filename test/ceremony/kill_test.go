@@ -110,19 +110,24 @@ var killScenarios = []killScenario{
 // binary built with the steward_crashpoints tag (internal/crashpoint).
 func TestKilledAtEveryStep(t *testing.T) {
 	for _, sc := range killScenarios {
-		t.Run(sc.name, func(t *testing.T) {
-			tmpl := t.TempDir()
-			if err := os.Mkdir(filepath.Join(tmpl, "keys"), 0o700); err != nil {
-				t.Fatal(err)
-			}
-			args := sc.prepare(t, tmpl)
-			steps := killAtEveryStep(t, tmpl, args, 5, func(root string, a []string, step string) {
-				checkAfterKill(t, root, sc, step)
-				checkThirdRun(t, root, sc, step, a)
-			})
-			t.Logf("%s: killed at each of %d steps, every re-run completed", sc.name, len(steps))
-		})
+		t.Run(sc.name, func(t *testing.T) { runKillScenario(t, sc) })
 	}
+}
+
+// runKillScenario prepares sc and kills its operation at every step,
+// checking each re-run and a third run.
+func runKillScenario(t *testing.T, sc killScenario) {
+	t.Helper()
+	tmpl := t.TempDir()
+	if err := os.Mkdir(filepath.Join(tmpl, "keys"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	args := sc.prepare(t, tmpl)
+	steps := killAtEveryStep(t, tmpl, args, 5, func(root string, a []string, step string) {
+		checkAfterKill(t, root, sc, step)
+		checkThirdRun(t, root, sc, step, a)
+	})
+	t.Logf("%s: killed at each of %d steps, every re-run completed", sc.name, len(steps))
 }
 
 // checkThirdRun runs the completed operation once more: it is reported
