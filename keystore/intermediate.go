@@ -138,7 +138,7 @@ func isPEMRequest(b []byte) bool {
 func planIntermediateRequest(key signer.Description, csrPEM []byte, o IntermediateRequestOptions) issuance {
 	return issuance{
 		op: opIntermediateRequest, key: key, details: map[string]string{"name": o.Name},
-		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: csrPEM, Mode: 0o644}, Overwrite: true}},
+		outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: csrPEM, Mode: 0o644}, Overwrite: true}},
 	}
 }
 
@@ -232,6 +232,6 @@ func planIntermediateSign(root signer.Description, cert *x509.Certificate, o Int
 	return issuance{
 		op: opIntermediateSign, key: root, cert: cert,
 		details: map[string]string{"caFingerprint": pki.CertFingerprint(o.CA), "permittedIPRanges": strings.Join(ranges, ","), "eku": pki.DescribeEKU(cert)},
-		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
+		outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
 	}
 }

@@ -79,7 +79,7 @@ func (c *Ceremony) planApproval(ctx context.Context, o ApproveOptions) (*plan, e
 	r := newReceipt(opPolicyApprove, auth.Describe())
 	r.Details = approvalDetails(a, o.Source)
 	r.Details["binding"] = o.Binding.String()
-	return &plan{receipt: r, outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}}, notes: []string{
+	return &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}}, notes: []string{
 		"approval of sha256:" + pcrString(a.PCRs) + " (PolicyPCR digest " + a.Pol + ", policyRef " + strconv.Quote(a.Ref) + ") by authority " + a.PKFP + "; copy it into the approvals directory of every node in this PCR state (a ConfigMap is fine: it is not secret)",
 	}}, nil
 }
