@@ -100,7 +100,8 @@ E2E_TAG = $(shell sed -n 's/^ *newTag: *//p' deploy/kubernetes/base/kustomizatio
 e2e: deps
 	$(MAKE) image IMAGE_ARCHS=amd64 VERSION=$(E2E_TAG)
 	bin=$$(./hack/k8s-build.sh kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy) && \
-	  ./hack/e2e-node.sh $$bin $(abspath $(BIN))/image $(abspath $(BIN))/linux-amd64/steward-trustd-gencreds
+	  ctrd=$$(./hack/containerd-build.sh) && \
+	  ./hack/e2e-node.sh $$bin $$ctrd $(abspath $(BIN))/image $(abspath $(BIN))/linux-amd64/steward-trustd-gencreds
 
 # The image writer's unit checks (hack/image, its own module): the config's
 # rootfs.diff_ids match the layers, as container runtimes require.

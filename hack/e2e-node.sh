@@ -11,8 +11,10 @@
 # failCgroupV1: false; no CAP_SYS_RESOURCE: containerd
 # restrict_oom_score_adj = true, kubelet oomScoreAdj: 0):
 # ../shared/docs/kubernetes-e2e/NOTES.md §3.2.
-#   usage: hack/e2e-node.sh BIN IMAGE GENCREDS
+#   usage: hack/e2e-node.sh BIN CTRD IMAGE GENCREDS
 #     BIN       directory of kube-* (hack/k8s-build.sh prints it)
+#     CTRD      directory of containerd 2's containerd, shim and ctr
+#               (hack/containerd-build.sh prints it)
 #     IMAGE     the OCI layout `make image IMAGE_ARCHS=amd64` wrote
 #     GENCREDS  the steward-trustd-gencreds binary
 #   env: E2E_STATE (default: a new directory under /tmp), E2E_KEEP=1 leaves
@@ -44,6 +46,7 @@ wait_for() {
   done
   log "$what ready after $(( SECONDS - t ))s"
 }
+ctr() { "$CTRD/ctr" --address "$RUN/containerd.sock" -n k8s.io "$@"; }
 token() { od -An -N16 -tx1 /dev/urandom | tr -d ' \n'; }
 kubeconfig() { # FILE USER TOKEN
   cat >"$1" <<EOF
@@ -165,35 +168,38 @@ up_node() {
   mkdir -p "$STATE/containerd/root" "$STATE/containerd/state" "$RUN/cni/net.d" "$STATE/kubelet" "$STATE/pod-logs" "$RUN/runc"
   local cg d; cg=$(cgroot); echo "$cg" >"$STATE/cgroot"
   for d in $(cgdirs "$cg"); do mkdir -p "$d"; done
+  # containerd 2 (hack/containerd-build.sh), config version 3: image
+  # volumes (the pkcs11 overlay's module) need containerd >= 2.1.
   cat >"$RUN/containerd.toml" <<EOF
-version = 2
+version = 3
 root = "$STATE/containerd/root"
 state = "$STATE/containerd/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.internal.v1.tracing"]
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
 [grpc]
   address = "$RUN/containerd.sock"
 [ttrpc]
   address = "$RUN/containerd.ttrpc.sock"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$PAUSE"
+[plugins."io.containerd.cri.v1.runtime"]
   # No CAP_SYS_RESOURCE on this kind of machine: runc cannot lower the pause
   # container's oom_score_adj to -998 ("Permission denied").
   restrict_oom_score_adj = true
   enable_cdi = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      runtime_path = "$CTRD/containerd-shim-runc-v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "$(command -v runc)"
         Root = "$RUN/runc"
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
     conf_dir = "$RUN/cni/net.d"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$STATE/containerd/opt"
 EOF
   cat >"$RUN/cni/net.d/10-e2e.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "e2e", "plugins": [
@@ -204,14 +210,14 @@ EOF
   local rt; rt=$(cgmem "$cg")/runtime; mkdir -p "$rt"
   # containerd, and so every shim, in $cg/runtime: down kills that tree.
   start containerd bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "$rt" \
-    containerd --config "$RUN/containerd.toml"
-  wait_for containerd 30 containerd ctr --address "$RUN/containerd.sock" version
+    "$CTRD/containerd" --config "$RUN/containerd.toml"
+  wait_for containerd 30 containerd ctr version
   local base
   base=$(sed -n 's/^ *newName: *//p' "$repo/deploy/kubernetes/base/kustomization.yaml" | head -1)
   pause_image "$STATE/pause.tar"
-  ctr --address "$RUN/containerd.sock" -n k8s.io images import "$STATE/pause.tar" >&2
+  ctr images import "$STATE/pause.tar" >&2
   tar -C "$IMAGE" -cf "$STATE/image.tar" .
-  ctr --address "$RUN/containerd.sock" -n k8s.io images import --base-name "$base" "$STATE/image.tar" >&2
+  ctr images import --base-name "$base" "$STATE/image.tar" >&2
   log "images imported"
   : >"$RUN/resolv.conf"
   cat >"$RUN/kubelet.yaml" <<EOF
@@ -335,11 +341,14 @@ pod_netns() {
 
 if [ "${1:-}" = down ]; then STATE=${2:?usage: e2e-node.sh down STATE}; RUN=$STATE/run; down; exit; fi
 [ "$(id -u)" -eq 0 ] || { echo "e2e-node: needs root (network namespace, cgroups, mounts)" >&2; exit 2; }
-BIN=$(realpath "${1:?usage: e2e-node.sh BIN IMAGE GENCREDS}") IMAGE=$(realpath "${2:?}") GENCREDS=$(realpath "${3:?}")
+BIN=$(realpath "${1:?usage: e2e-node.sh BIN CTRD IMAGE GENCREDS}") CTRD=$(realpath "${2:?}") IMAGE=$(realpath "${3:?}") GENCREDS=$(realpath "${4:?}")
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
   [ -x "$BIN/$b" ] || { echo "e2e-node: $BIN/$b missing: hack/k8s-build.sh $b" >&2; exit 2; }
 done
-for c in etcd containerd runc ctr nft curl openssl gcc /usr/lib/cni/bridge; do
+for b in containerd containerd-shim-runc-v2 ctr; do
+  [ -x "$CTRD/$b" ] || { echo "e2e-node: $CTRD/$b missing: hack/containerd-build.sh" >&2; exit 2; }
+done
+for c in etcd runc nft curl openssl gcc /usr/lib/cni/bridge; do
   command -v "$c" >/dev/null || { echo "e2e-node: $c missing: run hack/deps.sh" >&2; exit 2; }
 done
 PAUSE_TAG=3.10.2 PAUSE=localhost/e2e/pause:3.10.2
