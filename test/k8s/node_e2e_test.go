@@ -44,6 +44,7 @@ func TestNodeE2E(t *testing.T) {
 	t.Run("file", e.fileLayout)
 	t.Run("pkcs11", e.pkcs11Layout)
 	t.Run("ha-pkcs11", e.haLayout)
+	t.Run("tpm-without-device", e.tpmLayoutUnplaced)
 }
 
 // nodeEnv is what hack/e2e-node.sh hands the test.
@@ -186,25 +187,32 @@ namespace: %s
 resources:
   - %s
 patches:
-  - patch: |-
+%s  - target: {kind: Service, name: steward-trustd}
+    patch: |-
+      - op: add
+        path: /spec/clusterIP
+        value: %q
+%s`, s.namespace, shipped, podSpecPatch(fmt.Sprintf(`            containers:
+              - name: trustd
+                env:
+                  - {name: TRUSTD_CERT_SANS, value: %q}
+`, s.serviceIP)), s.serviceIP, s.patches)
+	check(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kz), 0o644))
+	return dir
+}
+
+// podSpecPatch is a kustomization patches entry: a strategic-merge patch
+// of the trustd Deployment's pod spec with podSpec (YAML indented under
+// spec.template.spec).
+func podSpecPatch(podSpec string) string {
+	return `  - patch: |-
       apiVersion: apps/v1
       kind: Deployment
       metadata: {name: steward-trustd}
       spec:
         template:
           spec:
-            containers:
-              - name: trustd
-                env:
-                  - {name: TRUSTD_CERT_SANS, value: %q}
-  - target: {kind: Service, name: steward-trustd}
-    patch: |-
-      - op: add
-        path: /spec/clusterIP
-        value: %q
-%s`, s.namespace, shipped, s.serviceIP, s.serviceIP, s.patches)
-	check(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kz), 0o644))
-	return dir
+` + podSpec
 }
 
 // secretOf reads the Secret manifest gencreds or the ceremony wrote

@@ -28,21 +28,14 @@ func (e *nodeEnv) pkcs11Layout(t *testing.T) {
 // file, which SoftHSM finds through SOFTHSM2_CONF (a vendor module's
 // setting, like a network HSM's client configuration).
 func (e *nodeEnv) hsmPatches() string {
-	return fmt.Sprintf(`  - patch: |-
-      apiVersion: apps/v1
-      kind: Deployment
-      metadata: {name: steward-trustd}
-      spec:
-        template:
-          spec:
-            containers:
+	return podSpecPatch(fmt.Sprintf(`            containers:
               - name: trustd
                 env:
                   - {name: SOFTHSM2_CONF, value: /opt/hsm/etc/softhsm2.conf}
             volumes:
               - name: hsm-module
                 image: {reference: %q}
-`, e.hsmImage)
+`, e.hsmImage))
 }
 
 // hsmSecrets are the ceremony's kubernetes-secret.yaml and the PIN
