@@ -136,7 +136,7 @@ type initResults struct {
 // earlier run's token is kept when its CA is, a complete earlier run is
 // already done, and a fresh run refuses to replace files without --force.
 func planInit(st *state, o InitOptions, r initResults) (*plan, error) {
-	p := &plan{op: "init", resumed: r.keyResumed}
+	p := &plan{op: string(opInit), resumed: r.keyResumed}
 	keptCA := st.ca != nil && st.ca.Equal(r.ca)
 	resuming := len(r.keyResumed) > 0 || keptCA
 	if keptCA {
@@ -151,7 +151,7 @@ func planInit(st *state, o InitOptions, r initResults) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if resuming && !o.Force && st.matches(files) && st.receipt("init", r.key.Fingerprint, pki.CertFingerprint(r.ca)) != nil {
+	if resuming && !o.Force && st.matches(files) && st.receipt(opInit, r.key.Fingerprint, pki.CertFingerprint(r.ca)) != nil {
 		p.alreadyDone = true
 		return p, nil
 	}
@@ -159,22 +159,11 @@ func planInit(st *state, o InitOptions, r initResults) (*plan, error) {
 		return nil, fmt.Errorf("%w: %v", ErrExists, present)
 	}
 	p.files = files
-	p.receipt = newReceipt("init", "", time.Time{}, r.key)
+	p.receipt = newReceipt(opInit, r.key)
 	certReceipt(&p.receipt, r.ca)
 	p.notes = []string{
 		"apply " + st.dir.Path(certdir.FileWorkerPatch) + " to every worker's machine config (it holds the token: keep it secret)",
 		"deploy " + st.dir.Path(certdir.FileKubernetesSecret) + " and run steward-trustd with TRUSTD_SIGNER set to the signer URI",
 	}
 	return p, nil
-}
-
-func fileNames(d Dir, files []File) []string {
-	out := make([]string, len(files))
-	for i, f := range files {
-		out[i] = d.Path(f.Name)
-		if f.Remove {
-			out[i] = "-" + out[i]
-		}
-	}
-	return out
 }

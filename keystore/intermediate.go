@@ -23,13 +23,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
-// Receipt operations of the tiered setup.
-const (
-	opIntermediateKey     = "intermediate.key"
-	opIntermediateRequest = "intermediate.request"
-	opIntermediateSign    = "intermediate.sign"
-)
-
 // IntermediateRequestOptions configures IntermediateRequest.
 type IntermediateRequestOptions struct {
 	// SignerURI is where the node's intermediate key is (or is created).
@@ -76,7 +69,7 @@ func (c *Ceremony) IntermediateRequest(ctx context.Context, d Dir, o Intermediat
 	err = replaceableRequest(o.Out)
 	var out *Outcome
 	if err == nil {
-		out, err = c.commitIssue(d, planIntermediateRequest(key.Describe(), pki.EncodeCSR(der), o))
+		out, err = c.record(d, planIntermediateRequest(key.Describe(), pki.EncodeCSR(der), o).plan())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request: %w", err)
@@ -180,7 +173,7 @@ func (c *Ceremony) IntermediateSign(ctx context.Context, receipts Dir, o Interme
 	}
 	is := planIntermediateSign(root, cert, o)
 	is.details["attestation"] = "not attested: no evidence that the key is in a TPM (intermediate sign --ek-roots verifies an attested request)"
-	out, err := c.commitIssue(receipts, is)
+	out, err := c.record(receipts, is.plan())
 	if err != nil {
 		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
 	}

@@ -39,14 +39,14 @@ type state struct {
 	receipts     []Receipt
 	receiptNames int
 	// intents are the outstanding key intent records, by operation.
-	intents map[string]*intent
+	intents map[Operation]*intent
 	// cleaned says which stale temporary files were removed.
 	cleaned []string
 }
 
 // readState reads the ceremony directory d.
 func readState(d Dir) (*state, error) {
-	st := &state{dir: d, files: map[string][]byte{}, intents: map[string]*intent{}}
+	st := &state{dir: d, files: map[string][]byte{}, intents: map[Operation]*intent{}}
 	for _, n := range clusterFileNames {
 		b, err := readOptional(d, n)
 		if err != nil {
@@ -67,7 +67,7 @@ func readState(d Dir) (*state, error) {
 	if st.receipts, err = ReadReceipts(d); err != nil {
 		return nil, err
 	}
-	for _, op := range []string{opInitKey, opRotateKey, opIntermediateKey} {
+	for _, op := range []Operation{opInitKey, opRotateKey, opIntermediateKey} {
 		in, err := readIntent(d, op)
 		if err != nil {
 			return nil, err
@@ -133,7 +133,7 @@ func (st *state) has(names ...string) bool {
 
 // receipt returns the newest receipt of operation op for the key
 // fingerprint keyFP and, unless certFP is empty, that certificate.
-func (st *state) receipt(op, keyFP, certFP string) *Receipt {
+func (st *state) receipt(op Operation, keyFP, certFP string) *Receipt {
 	for i := len(st.receipts) - 1; i >= 0; i-- {
 		r := &st.receipts[i]
 		if r.Operation == op && (keyFP == "" || r.KeyFingerprint == keyFP) && (certFP == "" || r.CertificateFingerprint == certFP) {

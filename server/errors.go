@@ -61,6 +61,9 @@ func classify(err error) class {
 		signerErr *signError
 		sizeErr   *oversizeError
 	)
+	if c, ok := classifyAuthz(err); ok {
+		return c
+	}
 	switch {
 	case err == nil:
 		return class{codes.OK, "", "issued"}

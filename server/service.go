@@ -50,6 +50,8 @@ type Config struct {
 	Metrics *Metrics
 	// Readiness, if set, learns the outcome of every signature.
 	Readiness *Readiness
+	// Authorizer, if set, decides per machine after the static policy.
+	Authorizer *Authorizer
 }
 
 // Service implements securityapi.SecurityServiceServer.
@@ -70,6 +72,7 @@ type Service struct {
 	limiter     *limiter
 	metrics     *Metrics
 	readiness   *Readiness
+	authorizer  *Authorizer
 }
 
 // New builds a Service.
@@ -90,8 +93,9 @@ func New(cfg Config) (*Service, error) {
 		now:    cfg.Clock,
 		rand:   cfg.Rand,
 
-		metrics:   cfg.Metrics,
-		readiness: cfg.Readiness,
+		metrics:    cfg.Metrics,
+		readiness:  cfg.Readiness,
+		authorizer: cfg.Authorizer,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -178,6 +182,9 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	}
 	rec.request = r
 	if err := s.policy.Check(r, peerAddr.Addr()); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, creds, r, peerAddr.Addr(), fp, &rec.authz); err != nil {
 		return nil, err
 	}
 	// Only a request that passed the token and the request checks makes
@@ -274,6 +281,7 @@ type auditRecord struct {
 	serial   string
 	notAfter time.Time
 	duration time.Duration
+	authz    authzRecord
 }
 
 func (s *Service) writeAudit(ctx context.Context, rec auditRecord, err error) {
@@ -299,6 +307,7 @@ func (s *Service) writeAudit(ctx context.Context, rec auditRecord, err error) {
 	if rec.serial != "" {
 		attrs = append(attrs, slog.String("serial", rec.serial), slog.Time("not_after", rec.notAfter))
 	}
+	attrs = rec.authz.appendAttrs(attrs)
 	level := slog.LevelInfo
 	if err != nil {
 		// The reason is ours (never the token) and may carry device detail.

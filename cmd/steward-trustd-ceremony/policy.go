@@ -33,6 +33,7 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/pkcs11"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // policyAuthorityUsage is the help of --policy-authority.
@@ -101,7 +102,7 @@ func (e *environment) underAuthorities(ctx context.Context, stdout, stderr io.Wr
 	if err != nil {
 		return "", err
 	}
-	pol, err := tpm.PCRPolicyDigest(pcrs, vals)
+	pol, err := tpmpolicy.PCRPolicyDigest(pcrs, vals)
 	if err != nil {
 		return "", err
 	}
@@ -205,7 +206,7 @@ func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout
 		return fmt.Errorf("create the policy authority: %w", err)
 	}
 	defer s.Close()
-	a, err := tpm.NewAuthority(s.Public())
+	a, err := tpmpolicy.NewAuthority(s.Public())
 	if err != nil {
 		return fmt.Errorf("the new key cannot be a policy authority: %w", err)
 	}
@@ -224,7 +225,7 @@ func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout
 
 // printAuthority says what identifies a new authority and what to do next.
 // A pkcs11: URI is shown with its pin-value redacted.
-func printAuthority(w io.Writer, uri string, a *tpm.Authority) {
+func printAuthority(w io.Writer, uri string, a *tpmpolicy.Authority) {
 	if u, err := pkcs11.ParseURI(uri); err == nil {
 		uri = u.String()
 	}
@@ -327,18 +328,18 @@ func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr
 }
 
 // binding reads the binding of the key named by --key or --signer.
-func (f *approveFlags) binding() (tpm.Binding, error) {
+func (f *approveFlags) binding() (tpmpolicy.Binding, error) {
 	uri := f.signer
 	if f.key != "" {
 		abs, err := filepath.Abs(f.key)
 		if err != nil {
-			return tpm.Binding{}, err
+			return tpmpolicy.Binding{}, err
 		}
 		uri = "tpm:path=" + abs
 	}
 	b, _, err := tpm.KeyBinding(uri)
 	if errors.Is(err, signer.ErrInvalidURI) {
-		return tpm.Binding{}, cli.Usage(err)
+		return tpmpolicy.Binding{}, cli.Usage(err)
 	}
 	return b, err
 }
@@ -362,7 +363,7 @@ func (f *approveFlags) checkSources() error {
 // state returns the PCR state to approve from exactly one source: --pcr,
 // --from-quote, or else the TPM of --signer (read over the key's bound
 // selection).
-func (f *approveFlags) state(ctx context.Context, env *environment, stderr io.Writer, b tpm.Binding) ([]int, [][]byte, string, error) {
+func (f *approveFlags) state(ctx context.Context, env *environment, stderr io.Writer, b tpmpolicy.Binding) ([]int, [][]byte, string, error) {
 	switch {
 	case len(f.pcrs) == 0 && f.fromQuote == "":
 		uri, err := tpm.WithPCRs(f.signer, b.PCRs())
@@ -385,8 +386,8 @@ func parsePCRValues(items []string) ([]int, [][]byte, error) {
 	for _, it := range items {
 		k, v, ok := strings.Cut(it, "=")
 		p, err := strconv.Atoi(k)
-		if !ok || err != nil || p < 0 || p > tpm.MaxPCR {
-			return nil, nil, cli.Usagef("--pcr %q: want INDEX=HEX with INDEX 0-%d", it, tpm.MaxPCR)
+		if !ok || err != nil || p < 0 || p > tpmpolicy.MaxPCR {
+			return nil, nil, cli.Usagef("--pcr %q: want INDEX=HEX with INDEX 0-%d", it, tpmpolicy.MaxPCR)
 		}
 		b, err := hex.DecodeString(v)
 		if err != nil || len(b) != 32 {
@@ -402,7 +403,7 @@ func parsePCRValues(items []string) ([]int, [][]byte, error) {
 		pcrs = append(pcrs, p)
 	}
 	slices.Sort(pcrs)
-	if _, err := tpm.ParsePCRs(pcrList(pcrs)); err != nil {
+	if _, err := tpmpolicy.ParsePCRs(pcrList(pcrs)); err != nil {
 		return nil, nil, cli.Usage(err) // a resettable PCR
 	}
 	vals := make([][]byte, len(pcrs))
@@ -429,11 +430,11 @@ func (f *approveFlags) quoted() ([]int, [][]byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	var q tpm.Quote
+	var q tpmpolicy.Quote
 	if err := json.Unmarshal(data, &q); err != nil {
 		return nil, nil, fmt.Errorf("%s: not a quote: %w", f.fromQuote, err)
 	}
-	pcrs, vals, err := tpm.VerifyQuote(&q, ak, nonce)
+	pcrs, vals, err := tpmpolicy.VerifyQuote(&q, ak, nonce)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w; nothing was approved", f.fromQuote, err)
 	}
@@ -504,7 +505,7 @@ func (f *approveFlags) target(now time.Time, pcrs []int, vals [][]byte) (keystor
 	if dir == "" {
 		return keystore.Target{}, cli.Usagef("say where the approval goes: --out FILE or --approvals DIR")
 	}
-	pol, err := tpm.PCRPolicyDigest(pcrs, vals)
+	pol, err := tpmpolicy.PCRPolicyDigest(pcrs, vals)
 	if err != nil {
 		return keystore.Target{}, err
 	}
@@ -569,8 +570,8 @@ func (f *quoteFlags) run(ctx context.Context, env *environment, stdout, stderr i
 		return nil
 	}
 	nonce, err := hex.DecodeString(f.nonce)
-	if err != nil || len(nonce) == 0 || len(nonce) > tpm.MaxNonce {
-		return cli.Usagef("--nonce must be 1 to %d bytes of hex", tpm.MaxNonce)
+	if err != nil || len(nonce) == 0 || len(nonce) > tpmpolicy.MaxNonce {
+		return cli.Usagef("--nonce must be 1 to %d bytes of hex", tpmpolicy.MaxNonce)
 	}
 	q, err := b.Quote(ctx, f.signer, nonce)
 	if err != nil {

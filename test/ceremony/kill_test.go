@@ -231,8 +231,8 @@ func checkAfterKill(t *testing.T, root string, sc killScenario, step string) {
 	count := map[string]int{}
 	var last keystore.Receipt
 	for _, r := range rs {
-		count[r.Operation]++
-		if r.Operation == sc.op {
+		count[string(r.Operation)]++
+		if string(r.Operation) == sc.op {
 			last = r
 		}
 	}

@@ -1,8 +1,7 @@
-package tpm
+package tpmpolicy
 
 import (
 	"bytes"
-	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/rand"
@@ -19,7 +18,6 @@ import (
 	"time"
 
 	"github.com/google/go-tpm/tpm2"
-	"github.com/google/go-tpm/tpm2/transport"
 )
 
 // ApprovalFile is an approval file: systemd's tpm2-pcr-signature.json
@@ -83,11 +81,11 @@ func SignApproval(authority crypto.Signer, b Binding, pcrs []int, values [][]byt
 	if err != nil {
 		return nil, fmt.Errorf("approval: %w", err)
 	}
-	sig, err := signTPMT(authority, a, approvalDigest(pol, b.ref))
+	sig, err := SignTPMT(authority, a, ApprovalDigest(pol, b.ref))
 	if err != nil {
 		return nil, fmt.Errorf("approval: the authority's signature: %w", err)
 	}
-	vals := hexValues(pcrs, values)
+	vals := HexValues(pcrs, values)
 	return &Approval{
 		PCRs: pcrs, PKFP: a.Fingerprint(), Pol: hex.EncodeToString(pol),
 		Sig: base64.StdEncoding.EncodeToString(tpm2.Marshal(sig)), Ref: b.ref,
@@ -95,10 +93,10 @@ func SignApproval(authority crypto.Signer, b Binding, pcrs []int, values [][]byt
 	}, nil
 }
 
-// signTPMT signs digest with k and wraps the signature as the TPM wants
+// SignTPMT signs digest with k and wraps the signature as the TPM wants
 // it for TPM2_VerifySignature: ECDSA-SHA256 (r, s) for an ECC authority,
 // RSASSA-PKCS1-v1_5-SHA256 for an RSA one (the scheme systemd-measure uses).
-func signTPMT(k crypto.Signer, a *Authority, digest []byte) (tpm2.TPMTSignature, error) {
+func SignTPMT(k crypto.Signer, a *Authority, digest []byte) (tpm2.TPMTSignature, error) {
 	switch a.pub.(type) {
 	case *ecdsa.PublicKey:
 		der, err := k.Sign(rand.Reader, digest, crypto.SHA256)
@@ -162,25 +160,25 @@ func MarshalApprovals(as ...*Approval) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-// checkedApproval is an approval verified in software against one of the
+// CheckedApproval is an approval verified in software against one of the
 // key's authorities: what the signer tries in the TPM.
-type checkedApproval struct {
-	file      string
-	pcrs      []int
-	pol       []byte
-	ref       string // the key's policyRef, checked; what VerifySignature and PolicyAuthorize name
-	sig       tpm2.TPMTSignature
-	auth      int // index into the key's authorities
-	createdAt time.Time
+type CheckedApproval struct {
+	File      string
+	PCRs      []int
+	Pol       []byte
+	Ref       string // the key's policyRef, checked; what VerifySignature and PolicyAuthorize name
+	Sig       tpm2.TPMTSignature
+	Auth      int // index into the key's authorities
+	CreatedAt time.Time
 }
 
-// parseApprovals decodes an approval file and checks each entry against
+// ParseApprovals decodes an approval file and checks each entry against
 // auths and the key's binding b: the ref and PCR selection, that pkfp
 // names one of auths, that the signature over SHA-256(pol || ref)
 // verifies, and that pcrValues (if given) give pol. An entry for another
 // authority is an error: an approval that cannot unlock this key is a
 // mistake worth a log line.
-func parseApprovals(file string, data []byte, auths []*Authority, b Binding) ([]checkedApproval, error) {
+func ParseApprovals(file string, data []byte, auths []*Authority, b Binding) ([]CheckedApproval, error) {
 	if len(data) > MaxApprovalFileSize {
 		return nil, fmt.Errorf("larger than %d bytes", MaxApprovalFileSize)
 	}
@@ -192,13 +190,13 @@ func parseApprovals(file string, data []byte, auths []*Authority, b Binding) ([]
 	if len(f.SHA256) == 0 {
 		return nil, errors.New(`no "sha256" approvals`)
 	}
-	out := make([]checkedApproval, 0, len(f.SHA256))
+	out := make([]CheckedApproval, 0, len(f.SHA256))
 	for i, a := range f.SHA256 {
 		c, err := checkApproval(a, auths, b)
 		if err != nil {
 			return nil, fmt.Errorf("sha256[%d]: %w", i, err)
 		}
-		c.file = file
+		c.File = file
 		out = append(out, c)
 	}
 	return out, nil
@@ -206,37 +204,37 @@ func parseApprovals(file string, data []byte, auths []*Authority, b Binding) ([]
 
 // checkApproval verifies one approval entry against auths and the key's
 // binding b.
-func checkApproval(a Approval, auths []*Authority, b Binding) (checkedApproval, error) {
+func checkApproval(a Approval, auths []*Authority, b Binding) (CheckedApproval, error) {
 	if a.Ref != b.ref {
-		return checkedApproval{}, fmt.Errorf("ref %q is not this key's policyRef %q (key policy %s)", a.Ref, b.ref, b)
+		return CheckedApproval{}, fmt.Errorf("ref %q is not this key's policyRef %q (key policy %s)", a.Ref, b.ref, b)
 	}
 	if len(a.PCRs) == 0 || !slices.IsSorted(a.PCRs) {
-		return checkedApproval{}, fmt.Errorf("pcrs %v: want distinct ascending sha256 PCRs 0-%d", a.PCRs, MaxPCR)
+		return CheckedApproval{}, fmt.Errorf("pcrs %v: want distinct ascending sha256 PCRs 0-%d", a.PCRs, MaxPCR)
 	}
 	if err := b.check(a.PCRs); err != nil {
-		return checkedApproval{}, err
+		return CheckedApproval{}, err
 	}
 	pol, err := hex.DecodeString(a.Pol)
 	if err != nil || len(pol) != 32 {
-		return checkedApproval{}, errors.New("pol is not a hex SHA-256 digest")
+		return CheckedApproval{}, errors.New("pol is not a hex SHA-256 digest")
 	}
 	// An ECC authority has no systemd fingerprint (""): an empty pkfp
 	// must not match it.
 	idx := slices.IndexFunc(auths, func(x *Authority) bool { return a.PKFP != "" && (x.fp == a.PKFP || x.systemdFP == a.PKFP) })
 	if idx < 0 {
-		return checkedApproval{}, fmt.Errorf("signed by %s, which is not an authority of this key", a.PKFP)
+		return CheckedApproval{}, fmt.Errorf("signed by %s, which is not an authority of this key", a.PKFP)
 	}
 	sig, err := decodeSignature(auths[idx], a.Sig)
 	if err != nil {
-		return checkedApproval{}, err
+		return CheckedApproval{}, err
 	}
-	if err := verifyTPMT(auths[idx], approvalDigest(pol, a.Ref), sig); err != nil {
-		return checkedApproval{}, err
+	if err := verifyTPMT(auths[idx], ApprovalDigest(pol, a.Ref), sig); err != nil {
+		return CheckedApproval{}, err
 	}
 	if err := checkPCRValues(a, pol); err != nil {
-		return checkedApproval{}, err
+		return CheckedApproval{}, err
 	}
-	return checkedApproval{pcrs: a.PCRs, pol: pol, ref: b.ref, sig: sig, auth: idx, createdAt: a.CreatedAt}, nil
+	return CheckedApproval{PCRs: a.PCRs, Pol: pol, Ref: b.ref, Sig: sig, Auth: idx, CreatedAt: a.CreatedAt}, nil
 }
 
 // decodeSignature decodes an approval's sig: a marshalled TPMT_SIGNATURE
@@ -300,23 +298,4 @@ func (a Approval) Values() ([][]byte, error) {
 		out[i] = v
 	}
 	return out, nil
-}
-
-// ReadPCRValues reads the current sha256 values of the PCRs uri selects
-// (pcrs=, default 7) from the TPM uri names, without opening a key: what
-// the ceremony approves before it creates a key under an authority.
-func (b *Backend) ReadPCRValues(ctx context.Context, uri string) ([]int, [][]byte, error) {
-	u, err := ParseURI(uri)
-	if err != nil {
-		return nil, nil, err
-	}
-	var vals [][]byte
-	err = b.withConn(ctx, u, func(t transport.TPM) error {
-		vals, err = ReadPCRs(t, u.PCRs)
-		return err
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("tpm: read PCRs %s: %w", pcrList(u.PCRs), err)
-	}
-	return u.PCRs, vals, nil
 }
