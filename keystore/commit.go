@@ -40,7 +40,11 @@ type plan struct {
 // recognises. Within the process, a failed write rolls the earlier ones
 // back (WritePlaced).
 func (c *Ceremony) commit(st *state, p *plan) (*Outcome, error) {
-	out := &Outcome{Resumed: append(st.cleaned, p.resumed...), Notes: p.notes}
+	out := &Outcome{
+		Resumed: concat(st.cleaned, st.earlier.Resumed, p.resumed),
+		Written: st.earlier.Written,
+		Notes:   concat(st.earlier.Notes, p.notes),
+	}
 	if p.alreadyDone {
 		out.AlreadyDone = true
 		out.Notes = append([]string{p.op + " had already completed; nothing was written"}, out.Notes...)
@@ -60,7 +64,7 @@ func (c *Ceremony) commit(st *state, p *plan) (*Outcome, error) {
 	if !p.unrecorded {
 		st.add(p.receipt)
 		out.Receipt = p.receipt
-		out.Written = written(writes)
+		out.Written = concat(out.Written, written(writes))
 	}
 	return out, c.remove(st, p, removals)
 }
@@ -145,6 +149,15 @@ func fileNames(d Dir, files []File) []string {
 		if f.Remove {
 			out[i] = "-" + out[i]
 		}
+	}
+	return out
+}
+
+// concat joins lists into a new one.
+func concat(lists ...[]string) []string {
+	var out []string
+	for _, l := range lists {
+		out = append(out, l...)
 	}
 	return out
 }

@@ -97,6 +97,9 @@ type ImportOptions struct {
 	Cluster string
 	// Force allows replacing existing output files (never device keys).
 	Force bool
+	// Authorities, if any, put the key into the TPM under policy
+	// authorities.
+	Authorities Authorities
 }
 
 // Import checks that the certificate matches the key and is a CA, puts the
@@ -175,13 +178,17 @@ func importTargetFree(st *state, o ImportOptions) error {
 // importKey puts the source key on the device, or finds it there from an
 // earlier run (same fingerprint).
 func (c *Ceremony) importKey(ctx context.Context, st *state, o ImportOptions, fp string) (signer.Signer, []string, error) {
-	s, err := c.Keys.Import(ctx, o.SignerURI, o.Source.Key)
+	uri, err := c.underAuthorities(ctx, st, o.SignerURI, o.Authorities)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := c.Keys.Import(ctx, uri, o.Source.Key)
 	switch {
 	case err == nil:
 		c.step("import key imported")
 		return s, nil, nil
 	case errors.Is(err, signer.ErrKeyExists):
-		return c.importedEarlier(ctx, st, o.SignerURI, fp)
+		return c.importedEarlier(ctx, st, uri, fp)
 	}
 	return nil, nil, err
 }
