@@ -115,6 +115,12 @@ type KeyURI struct {
 	// that systemd-measure's approvals satisfy it. For Open of a blob the
 	// blob says; a given systemd=true must agree.
 	Systemd bool
+	// Revocation (revocation=0x01xxxxxx) makes a new key under policy
+	// authorities revocable: its approvals carry an epoch checked by the
+	// TPM against the NV counter at this index (tpmpolicy.RevocableBinding;
+	// the ceremony's --revocable). For Open of a blob the blob says; a
+	// given revocation= must agree.
+	Revocation tpm2.TPMHandle
 	// legacy makes a new key under policy authorities a v1 key (tpmpolicy.PolicyRef,
 	// selection not bound). Only the tests of v1 compatibility set it:
 	// no URI can.
@@ -129,6 +135,8 @@ func (u KeyURI) binding() tpmpolicy.Binding {
 		return tpmpolicy.SystemdBinding()
 	case u.legacy:
 		return tpmpolicy.LegacyBinding()
+	case u.Revocation != 0:
+		return revocableBinding(u)
 	}
 	b, err := tpmpolicy.BindingForPCRs(u.PCRs)
 	if err != nil {
@@ -159,6 +167,9 @@ func (u KeyURI) String() string {
 	}
 	if u.Systemd {
 		parts = append(parts, "systemd=true")
+	}
+	if u.Revocation != 0 {
+		parts = append(parts, fmt.Sprintf("revocation=0x%08x", uint32(u.Revocation)))
 	}
 	return Scheme + ":" + strings.Join(parts, ";")
 }
@@ -192,6 +203,9 @@ func ParseURI(uri string) (KeyURI, error) {
 		return KeyURI{}, uriErr("a key under a policy authority needs its approvals directory (approvals=/dir)")
 	}
 	if err := p.systemd(); err != nil {
+		return KeyURI{}, err
+	}
+	if err := p.revocation(); err != nil {
 		return KeyURI{}, err
 	}
 	return p.u, nil
@@ -264,8 +278,10 @@ func (p *uriParser) apply(k, v string) error {
 			return uriErr("systemd=%q: the only value is true", v)
 		}
 		p.u.Systemd = true
+	case "revocation":
+		p.u.Revocation, err = parseRevocationIndex(v)
 	default:
-		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority, systemd)", k)
+		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority, systemd, revocation)", k)
 	}
 	return err
 }
