@@ -217,3 +217,31 @@ func TestTwoConnections(t *testing.T) {
 		t.Fatalf("%d sessions loaded after concurrent signatures, want 2 (one kept per connection)", len(got))
 	}
 }
+
+// TestLostKeyIsReloaded: when the TPM lost the loaded key and the kept
+// session (another client of a TPM without a resource manager flushed
+// every handle, as a reset would), the signature does not fail: the
+// connection is redone, the key reloaded, and it runs once more.
+func TestLostKeyIsReloaded(t *testing.T) {
+	sim := tpmsim.NewSimulator(t)
+	b := &tpm.Backend{Dial: sim.Dial}
+	s, err := b.Generate(ctx, blobURI(t, ""), signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for range 3 {
+		hs, err := tpm.LoadedHandles(sim.TPM())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range hs {
+			if _, err := (tpm2.FlushContext{FlushHandle: h}).Execute(sim.TPM()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := signOnce(s); err != nil {
+			t.Fatalf("Sign after the TPM lost the key and session: %v", err)
+		}
+	}
+}

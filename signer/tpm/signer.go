@@ -278,9 +278,10 @@ func (s *Signer) afterOp(ln *lane, dead bool, err error) error {
 		s.drop(ln, err)
 	case errors.Is(err, tpm2.TPMRCHandle) || errors.Is(err, tpm2.TPMRCReferenceH0):
 		// The TPM lost the loaded key (a reset behind a connection that
-		// survived it): reload on the next call.
+		// survived it, or another client of a TPM without a resource
+		// manager flushed it): reload on the next call.
 		s.drop(ln, err)
-		err = fmt.Errorf("%w: %w", signer.ErrDeviceUnavailable, err)
+		err = fmt.Errorf("%w: %w: %w", signer.ErrDeviceUnavailable, errKeyLost, err)
 	case errors.Is(err, tpm2.TPMRCPCRChanged) && !errors.Is(err, signer.ErrPolicyNotSatisfied):
 		// A PCR changed between TPM2_PolicyPCR and TPM2_Sign (TPM 2.0
 		// Part 3 §23.7): the boot state moved under the key's policy.
@@ -392,7 +393,7 @@ func (s *Signer) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byt
 	}
 	d, hashAlg := s.tpmDigest(digest)
 	var r, sv []byte
-	err := s.do(context.Background(), true, func(t transport.TPM, at laneState) error {
+	op := func(t transport.TPM, at laneState) error {
 		var err error
 		r, sv, err = s.signOp(t, at, d, hashAlg)
 		if sessionLost(err) {
@@ -402,12 +403,21 @@ func (s *Signer) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byt
 			r, sv, err = s.signOp(t, at, d, hashAlg)
 		}
 		return err
-	})
+	}
+	err := s.do(context.Background(), true, op)
+	if errors.Is(err, errKeyLost) {
+		// The connection still works: once more with the key reloaded.
+		err = s.do(context.Background(), true, op)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return encodeSig(r, sv)
 }
+
+// errKeyLost marks a failure because the TPM no longer had the loaded
+// key; the connection was dropped to reload it.
+var errKeyLost = errors.New("the TPM no longer holds the loaded key; it is reloaded")
 
 // sessionLost reports an error that says the kept policy session is no
 // longer loaded: TPM_RC_REFERENCE_H0 from a policy command (whose first
