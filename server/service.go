@@ -50,6 +50,9 @@ type Config struct {
 	Metrics *Metrics
 	// Readiness, if set, learns the outcome of every signature.
 	Readiness *Readiness
+	// IssueLog, if set, records every decision; an issued certificate
+	// is sent only once it holds it.
+	IssueLog IssueLog
 }
 
 // Service implements securityapi.SecurityServiceServer.
@@ -69,6 +72,7 @@ type Service struct {
 	signerState signerState
 	limiter     *limiter
 	lintWarned  lintWarned
+	issueLog    IssueLog
 	metrics     *Metrics
 	readiness   *Readiness
 }
@@ -93,6 +97,7 @@ func New(cfg Config) (*Service, error) {
 
 		metrics:   cfg.Metrics,
 		readiness: cfg.Readiness,
+		issueLog:  cfg.IssueLog,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -139,6 +144,7 @@ func (s *Service) Certificate(ctx context.Context, req *securityapi.CertificateR
 	resp, err := s.certificate(ctx, creds, req, peerAddr, &rec)
 	rec.duration = s.now().Sub(start)
 	s.writeAudit(ctx, rec, err)
+	s.logDenied(ctx, rec, err)
 	s.metrics.observeOutcome(outcome(err))
 	return resp, toStatus(err)
 }
@@ -194,6 +200,9 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	}
 	rec.serial = cert.SerialNumber.Text(16)
 	rec.notAfter = cert.NotAfter
+	if err := s.logIssued(ctx, r, cert, rec); err != nil {
+		return nil, err
+	}
 	return &securityapi.CertificateResponse{
 		Ca:  creds.bundle,
 		Crt: creds.withChain(cert.Raw),
