@@ -8,11 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"go.yaml.in/yaml/v4"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/file"
@@ -31,7 +31,7 @@ type ImportSource struct {
 
 // ParseImportFiles parses a CA key and certificate PEM pair.
 func ParseImportFiles(keyPEM, certPEM []byte) (*ImportSource, error) {
-	key, err := file.ParsePrivateKeyPEM(keyPEM)
+	key, err := keyutil.ParsePrivateKeyPEM(keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("CA key: %w", err)
 	}
@@ -97,6 +97,9 @@ type ImportOptions struct {
 	Cluster string
 	// Force allows replacing existing output files (never device keys).
 	Force bool
+	// Authorities, if any, put the key into the TPM under policy
+	// authorities.
+	Authorities Authorities
 }
 
 // Import checks that the certificate matches the key and is a CA, puts the
@@ -148,8 +151,8 @@ func (o *ImportOptions) check() (string, error) {
 	if !pki.KeyMatchesCert(src.Key.Public(), src.Cert) {
 		return "", fmt.Errorf("import: %w: the certificate's public key is not the key's, they are not a pair", ErrKeyMismatch)
 	}
-	if !src.Cert.IsCA || src.Cert.KeyUsage&x509.KeyUsageCertSign == 0 {
-		return "", errors.New("import: the certificate is not a CA certificate (needs basicConstraints CA and keyUsage certSign)")
+	if err := pki.CheckCA(src.Cert); err != nil {
+		return "", fmt.Errorf("import: %w", err)
 	}
 	return signer.Fingerprint(src.Key.Public())
 }
@@ -175,13 +178,17 @@ func importTargetFree(st *state, o ImportOptions) error {
 // importKey puts the source key on the device, or finds it there from an
 // earlier run (same fingerprint).
 func (c *Ceremony) importKey(ctx context.Context, st *state, o ImportOptions, fp string) (signer.Signer, []string, error) {
-	s, err := c.Keys.Import(ctx, o.SignerURI, o.Source.Key)
+	uri, err := c.underAuthorities(ctx, st, o.SignerURI, o.Authorities)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := c.Keys.Import(ctx, uri, o.Source.Key)
 	switch {
 	case err == nil:
 		c.step("import key imported")
 		return s, nil, nil
 	case errors.Is(err, signer.ErrKeyExists):
-		return c.importedEarlier(ctx, st, o.SignerURI, fp)
+		return c.importedEarlier(ctx, st, uri, fp)
 	}
 	return nil, nil, err
 }
@@ -211,7 +218,7 @@ type importResults struct {
 // an earlier run's, else a new one (with a note to patch the workers).
 func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	src := o.Source
-	p := &plan{op: "import", resumed: r.keyResumed}
+	p := &plan{op: string(opImport), resumed: r.keyResumed}
 	resuming := st.ca != nil && st.ca.Equal(src.Cert)
 	token := src.Token
 	if token == "" && resuming && st.token != "" {
@@ -230,12 +237,12 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if resuming && !o.Force && st.matches(files) && st.receipt("import", r.key.Fingerprint, pki.CertFingerprint(src.Cert)) != nil {
+	if resuming && !o.Force && st.matches(files) && st.receipt(opImport, r.key.Fingerprint, pki.CertFingerprint(src.Cert)) != nil {
 		p.alreadyDone, p.notes = true, []string{destroySourceNote(r.key)}
 		return p, nil
 	}
 	p.files = files
-	p.receipt = newReceipt("import", "", time.Time{}, r.key)
+	p.receipt = newReceipt(opImport, r.key)
 	certReceipt(&p.receipt, src.Cert)
 	if r.key.Extractable {
 		p.notes = append(p.notes, "WARNING: the backend reports the key as extractable ("+r.key.Backend+"); it is not protected by a device")

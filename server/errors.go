@@ -64,6 +64,9 @@ func classify(err error) class {
 		lintErr   *lintError
 		logErr    *logError
 	)
+	if c, ok := classifyAuthz(err); ok {
+		return c
+	}
 	switch {
 	case err == nil:
 		return class{codes.OK, "", "issued"}

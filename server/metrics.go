@@ -87,6 +87,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	// Every label value an alert rule uses exists from the start at 0,
 	// so that increase() sees the first event.
 	initLabels(m.denied, "auth", "policy", "bad_csr", "oversized", "rate_limit", "saturated", "signer", "other", "lint", "log")
+	initLabels(m.denied, "authorizer", "authorizer_unavailable")
 	for _, what := range []string{"credentials", "serving", reloadTrust, reloadToken} {
 		initLabels(m.reloads.MustCurryWith(prometheus.Labels{"what": what}), "ok", "error")
 		m.reloadFailed.WithLabelValues(what).Set(0)
@@ -192,12 +193,14 @@ func (m *Metrics) observeOutcome(o string) {
 		m.denied.WithLabelValues("saturated").Inc()
 	case "signer_error":
 		m.denied.WithLabelValues("signer").Inc()
+	case "authorizer_unavailable":
+		m.denied.WithLabelValues("authorizer_unavailable").Inc()
 	case "denied_lint":
 		m.denied.WithLabelValues("lint").Inc()
 	case "log_error":
 		m.denied.WithLabelValues("log").Inc()
 	default:
-		m.denied.WithLabelValues("other").Inc()
+		m.denied.WithLabelValues(otherDenial(o)).Inc()
 	}
 }
 

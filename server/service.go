@@ -53,6 +53,8 @@ type Config struct {
 	// IssueLog, if set, records every decision; an issued certificate
 	// is sent only once it holds it.
 	IssueLog IssueLog
+	// Authorizer, if set, decides per machine after the static policy.
+	Authorizer *Authorizer
 }
 
 // Service implements securityapi.SecurityServiceServer.
@@ -75,6 +77,7 @@ type Service struct {
 	issueLog    IssueLog
 	metrics     *Metrics
 	readiness   *Readiness
+	authorizer  *Authorizer
 }
 
 // New builds a Service.
@@ -95,9 +98,10 @@ func New(cfg Config) (*Service, error) {
 		now:    cfg.Clock,
 		rand:   cfg.Rand,
 
-		metrics:   cfg.Metrics,
-		readiness: cfg.Readiness,
-		issueLog:  cfg.IssueLog,
+		metrics:    cfg.Metrics,
+		readiness:  cfg.Readiness,
+		issueLog:   cfg.IssueLog,
+		authorizer: cfg.Authorizer,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -188,6 +192,9 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	}
 	rec.request = r
 	if err := s.policy.Check(r, peerAddr.Addr()); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, creds, r, peerAddr.Addr(), fp, &rec.authz); err != nil {
 		return nil, err
 	}
 	// Only a request that passed the token and the request checks makes
@@ -287,6 +294,7 @@ type auditRecord struct {
 	serial   string
 	notAfter time.Time
 	duration time.Duration
+	authz    authzRecord
 }
 
 func (s *Service) writeAudit(ctx context.Context, rec auditRecord, err error) {
@@ -312,6 +320,7 @@ func (s *Service) writeAudit(ctx context.Context, rec auditRecord, err error) {
 	if rec.serial != "" {
 		attrs = append(attrs, slog.String("serial", rec.serial), slog.Time("not_after", rec.notAfter))
 	}
+	attrs = rec.authz.appendAttrs(attrs)
 	level := slog.LevelInfo
 	if err != nil {
 		// The reason is ours (never the token) and may carry device detail.

@@ -20,6 +20,7 @@ import (
 	"github.com/google/go-tpm/tpm2/transport"
 
 	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // Signer signs with a key held in a TPM. It keeps one connection and the
@@ -57,7 +58,7 @@ func (b *Backend) newSigner(ctx context.Context, u KeyURI, km *keyMaterial) (*Si
 	}
 	s := &Signer{dial: b.Dial, logger: b.logger(), retry: retry, uri: u, km: km}
 	if km.blob != nil {
-		pub, err := km.blob.public.Contents()
+		pub, err := km.blob.Public.Contents()
 		if err != nil {
 			return nil, fmt.Errorf("tpm: key blob: %w", err)
 		}
@@ -85,7 +86,7 @@ func (b *Backend) newSigner(ctx context.Context, u KeyURI, km *keyMaterial) (*Si
 
 // setPublic records the key's public area and builds its description.
 func (s *Signer) setPublic(p *tpm2.TPMTPublic) error {
-	pub, err := checkKeyPublic(p)
+	pub, err := tpmpolicy.CheckKeyPublic(p)
 	if err != nil {
 		return fmt.Errorf("tpm: %s: %w", s.uri, err)
 	}
@@ -99,7 +100,7 @@ func (s *Signer) setPublic(p *tpm2.TPMTPublic) error {
 	}
 	s.pub, s.name, s.policy = pub, *name, p.AuthPolicy.Buffer
 	s.size = (pub.Params().N.BitLen() + 7) / 8
-	s.pcrDesc = "sha256:" + pcrList(s.km.pcrs)
+	s.pcrDesc = "sha256:" + tpmpolicy.PCRList(s.km.pcrs)
 	s.desc = signer.Description{
 		Backend:      Scheme,
 		Algorithm:    signer.AlgorithmName(pub),
@@ -119,7 +120,7 @@ func (s *Signer) policyDesc() string {
 	}
 	fps := make([]string, len(s.km.authorities))
 	for i, a := range s.km.authorities {
-		fps[i] = a.fp
+		fps[i] = a.Fingerprint()
 	}
 	return "authorized by " + strings.Join(fps, " | ") + " (" + s.km.binding.String() + ") + CC_Sign; approvals " + s.uri.Approvals
 }
@@ -312,7 +313,7 @@ func (s *Signer) runPolicy(t transport.TPM, sess tpm2.TPMHandle) error {
 	_, err := tpm2.PolicyPCR{
 		PolicySession: sess,
 		PcrDigest:     tpm2.TPM2BDigest{Buffer: s.km.pcrDigest},
-		Pcrs:          pcrSelection(s.km.pcrs),
+		Pcrs:          tpmpolicy.PCRSelection(s.km.pcrs),
 	}.Execute(t)
 	if err != nil {
 		if errors.Is(err, tpm2.TPMRCValue) {
