@@ -166,13 +166,3 @@ func orNone(s []string) string {
 	}
 	return strings.Join(s, " ")
 }
-
-// initialEpoch is the epoch of the approval made when a revocable key is
-// created: its counter is created first (Generate adopts it), so the
-// approval can be signed before the key exists.
-func (e *environment) initialEpoch(ctx context.Context, stderr io.Writer, uri string, b tpmpolicy.Binding) (uint64, error) {
-	if !b.Revocable() {
-		return 0, nil
-	}
-	return e.tpmBackend(stderr).RevocationCounter(ctx, uri)
-}

@@ -228,7 +228,7 @@ func (s *Signer) RevocationEpoch(ctx context.Context) (uint64, error) {
 		return 0, fmt.Errorf("tpm: the key's approvals are not revocable (policy %s); make a revocable key: steward-trustd-ceremony rotate --new-signer 'tpm:path=NEW;approvals=DIR' --policy-authority AUTH --revocable", b)
 	}
 	var epoch uint64
-	err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	err := s.do(ctx, false, func(t transport.TPM, _ laneState) error {
 		var err error
 		epoch, err = readCounter(t, b.RevocationIndex())
 		return err
@@ -253,7 +253,7 @@ func (s *Signer) Revoke(ctx context.Context, before uint64, progress func(uint64
 	}
 	idx := s.km.binding.RevocationIndex()
 	for to = from; to < before; {
-		if err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error { return incrementCounter(t, idx) }); err != nil {
+		if err := s.do(ctx, false, func(t transport.TPM, _ laneState) error { return incrementCounter(t, idx) }); err != nil {
 			return from, to, err
 		}
 		to++
