@@ -34,6 +34,9 @@ type ApproveOptions struct {
 	Out Target
 	// Force allows replacing Out.
 	Force bool
+	// Epoch is the revocation epoch to approve at, for a revocable key
+	// (Binding.Revocable): its counter's current value. 0 for other keys.
+	Epoch uint64
 }
 
 // Approve signs an approval of a PCR state with the policy authority and
@@ -68,7 +71,7 @@ func (c *Ceremony) planApproval(ctx context.Context, o ApproveOptions) (*plan, e
 	if approvedBy == "" {
 		approvedBy = auth.Describe().Fingerprint
 	}
-	a, err := tpmpolicy.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpmpolicy.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
+	a, err := tpmpolicy.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpmpolicy.ApprovalMeta{Epoch: o.Epoch, ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
 	if err != nil {
 		return nil, err
 	}
@@ -79,6 +82,9 @@ func (c *Ceremony) planApproval(ctx context.Context, o ApproveOptions) (*plan, e
 	r := newReceipt(opPolicyApprove, auth.Describe())
 	r.Details = approvalDetails(a, o.Source)
 	r.Details["binding"] = o.Binding.String()
+	if a.Epoch != 0 {
+		r.Details["epoch"] = strconv.FormatUint(a.Epoch, 10)
+	}
 	return &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}}, notes: []string{
 		"approval of sha256:" + pcrString(a.PCRs) + " (PolicyPCR digest " + a.Pol + ", policyRef " + strconv.Quote(a.Ref) + ") by authority " + a.PKFP + "; copy it into the approvals directory of every node in this PCR state (a ConfigMap is fine: it is not secret)",
 	}}, nil

@@ -108,7 +108,7 @@ func policyCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	}
 	authority := &cobra.Command{Use: "authority", Short: "The policy authority's key: create one"}
 	authority.AddCommand(authorityCreateCmd(env, stdout, stderr))
-	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr), authority)
+	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr), revokeCmd(env, stdout, stderr), authority)
 	return c
 }
 
@@ -199,6 +199,7 @@ type approveFlags struct {
 	note, approvedBy, out, approvals, dir        string
 	pcrs                                         []string
 	force                                        bool
+	epoch                                        uint64
 }
 
 func approveCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -241,6 +242,7 @@ expires: retire it by removing the file from every node.`,
 	fs.StringVar(&f.approvals, "approvals", "", "approvals directory to write into (default: the approvals= of --signer)")
 	fs.StringVar(&f.dir, "dir", "", "directory for the receipt (default: the directory of the approval file)")
 	fs.BoolVar(&f.force, "force", false, "replace an existing approval file")
+	fs.Uint64Var(&f.epoch, "epoch", 0, "revocable keys: the revocation epoch to approve at (the counter's current value; default with --signer: read from its TPM)")
 	return c
 }
 
@@ -266,6 +268,10 @@ func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr
 	if want := binding.PCRs(); want != nil && !slices.Equal(pcrs, want) {
 		return fmt.Errorf("the state to approve selects sha256 PCRs %s, but the key accepts only %s (fixed at creation, bound in its policy); nothing was approved: approve the key's own PCRs", pcrList(pcrs), pcrList(want))
 	}
+	epoch, err := f.approveEpoch(ctx, env, stderr, binding)
+	if err != nil {
+		return err
+	}
 	target, err := f.target(env.clock(), pcrs, vals)
 	if err != nil {
 		return err
@@ -277,7 +283,7 @@ func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr
 	return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 		return cer.Approve(ctx, receipts, keystore.ApproveOptions{
 			AuthorityURI: f.authority, Binding: binding, PCRs: pcrs, Values: vals, Source: source,
-			ApprovedBy: f.approvedBy, Note: f.note, Out: target, Force: f.force,
+			ApprovedBy: f.approvedBy, Note: f.note, Out: target, Force: f.force, Epoch: epoch,
 		})
 	})
 }
@@ -589,6 +595,7 @@ func printSignedPolicy(w io.Writer, r *tpm.PolicyReport) {
 	}
 	slices.Sort(pcrs)
 	fmt.Fprintf(w, "PCR state:    %s (PolicyPCR digest %s)\n", strings.Join(pcrs, " "), r.PolicyPCRDigest)
+	printRevocation(w, r.Revocation)
 	if r.Matching != "" {
 		fmt.Fprintf(w, "approved by:  %s\n", r.Matching)
 	} else {
