@@ -166,4 +166,3 @@ func orNone(s []string) string {
 	}
 	return strings.Join(s, " ")
 }
-
