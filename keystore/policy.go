@@ -33,7 +33,8 @@ type ApproveOptions struct {
 	// directory).
 	Out Target
 	// Force allows replacing Out.
-	Force bool	// Epoch is the revocation epoch to approve at, for a revocable key
+	Force bool
+	// Epoch is the revocation epoch to approve at, for a revocable key
 	// (Binding.Revocable): its counter's current value. 0 for other keys.
 	Epoch uint64
 }

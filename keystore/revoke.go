@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-
-	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // RevokeOptions configures Revoke.
@@ -66,26 +64,4 @@ func revokeNotes(before, from, to uint64) []string {
 		done = fmt.Sprintf("revocation counter already at %d (at least %d): nothing to advance; approvals below epoch %d are refused", from, before, before)
 	}
 	return []string{done, fmt.Sprintf("approve the states that stay legitimate at the current epoch: steward-trustd-ceremony policy approve --authority AUTH --key KEY.tpmkey --epoch %d ...", to)}
-}
-
-// revocationCounter creates (or finds) the revocation counter of a
-// revocable key about to be created and reads its epoch (signer/tpm's
-// Backend.RevocationCounter).
-type revocationCounter interface {
-	RevocationCounter(ctx context.Context, uri string) (uint64, error)
-}
-
-// initialEpoch is the epoch of the approval made when a revocable key is
-// created: its counter is created first (creating the key adopts it), so
-// that the approval can be signed before the key exists. 0 for a key
-// that is not revocable.
-func initialEpoch(ctx context.Context, uri string, b tpmpolicy.Binding, r PCRReader) (uint64, error) {
-	if !b.Revocable() {
-		return 0, nil
-	}
-	rc, ok := r.(revocationCounter)
-	if !ok {
-		return 0, errors.New("revocable key: nothing creates its revocation counter")
-	}
-	return rc.RevocationCounter(ctx, uri)
 }
