@@ -87,7 +87,7 @@ func receiptOps(t *testing.T, d keystore.Dir) []string {
 	}
 	var ops []string
 	for _, r := range rs {
-		ops = append(ops, r.Operation)
+		ops = append(ops, string(r.Operation))
 	}
 	return ops
 }

@@ -296,3 +296,15 @@ func stepName(name string) string {
 	}
 	return name
 }
+
+// readOptional reads name from d; a missing file is (nil, nil).
+func readOptional(d Dir, name string) ([]byte, error) {
+	b, err := d.ReadFile(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", d.Path(name), err)
+	}
+	return b, nil
+}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"go.yaml.in/yaml/v4"
 
@@ -98,6 +97,9 @@ type ImportOptions struct {
 	Cluster string
 	// Force allows replacing existing output files (never device keys).
 	Force bool
+	// Authorities, if any, put the key into the TPM under policy
+	// authorities.
+	Authorities Authorities
 }
 
 // Import checks that the certificate matches the key and is a CA, puts the
@@ -176,13 +178,17 @@ func importTargetFree(st *state, o ImportOptions) error {
 // importKey puts the source key on the device, or finds it there from an
 // earlier run (same fingerprint).
 func (c *Ceremony) importKey(ctx context.Context, st *state, o ImportOptions, fp string) (signer.Signer, []string, error) {
-	s, err := c.Keys.Import(ctx, o.SignerURI, o.Source.Key)
+	uri, err := c.underAuthorities(ctx, st, o.SignerURI, o.Authorities)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := c.Keys.Import(ctx, uri, o.Source.Key)
 	switch {
 	case err == nil:
 		c.step("import key imported")
 		return s, nil, nil
 	case errors.Is(err, signer.ErrKeyExists):
-		return c.importedEarlier(ctx, st, o.SignerURI, fp)
+		return c.importedEarlier(ctx, st, uri, fp)
 	}
 	return nil, nil, err
 }
@@ -212,7 +218,7 @@ type importResults struct {
 // an earlier run's, else a new one (with a note to patch the workers).
 func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	src := o.Source
-	p := &plan{op: "import", resumed: r.keyResumed}
+	p := &plan{op: string(opImport), resumed: r.keyResumed}
 	resuming := st.ca != nil && st.ca.Equal(src.Cert)
 	token := src.Token
 	if token == "" && resuming && st.token != "" {
@@ -231,12 +237,12 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if resuming && !o.Force && st.matches(files) && st.receipt("import", r.key.Fingerprint, pki.CertFingerprint(src.Cert)) != nil {
+	if resuming && !o.Force && st.matches(files) && st.receipt(opImport, r.key.Fingerprint, pki.CertFingerprint(src.Cert)) != nil {
 		p.alreadyDone, p.notes = true, []string{destroySourceNote(r.key)}
 		return p, nil
 	}
 	p.files = files
-	p.receipt = newReceipt("import", "", time.Time{}, r.key)
+	p.receipt = newReceipt(opImport, r.key)
 	certReceipt(&p.receipt, src.Cert)
 	if r.key.Extractable {
 		p.notes = append(p.notes, "WARNING: the backend reports the key as extractable ("+r.key.Backend+"); it is not protected by a device")

@@ -34,7 +34,7 @@ func testCA(t *testing.T) (*signer.Description, []byte) {
 }
 
 func emptyState() *state {
-	return &state{dir: OSDir{Root: "/plan"}, files: map[string][]byte{}, intents: map[string]*intent{}}
+	return &state{dir: OSDir{Root: "/plan"}, files: map[string][]byte{}, intents: map[Operation]*intent{}}
 }
 
 // withFiles returns a state holding files (parsed as readState does).
@@ -166,8 +166,8 @@ func TestFinishing(t *testing.T) {
 			if last := p.files[len(p.files)-1]; last.Name != certdir.FileNextCACert || !last.Remove {
 				t.Errorf("the last step is %+v, want the removal of %s", last, certdir.FileNextCACert)
 			}
-			if tt.wantFiles > 0 && (len(p.files) != tt.wantFiles || !p.recorded) {
-				t.Errorf("after a recorded finish: files %v, recorded %v", fileNames(OSDir{Root: "/nowhere"}, p.files), p.recorded)
+			if tt.wantFiles > 0 && (len(p.files) != tt.wantFiles || !p.unrecorded) {
+				t.Errorf("after a recorded finish: files %v, unrecorded %v", fileNames(OSDir{Root: "/nowhere"}, p.files), p.unrecorded)
 			}
 		})
 	}
@@ -189,7 +189,9 @@ func TestPlanIssue(t *testing.T) {
 		},
 	}
 	now := time.Date(2026, 6, 1, 12, 0, 0, 0, time.FixedZone("x", 3600))
-	r := planIssue(is, now, "v1")
+	p := is.plan()
+	stampReceipt(p, dir, now, "v1")
+	r := p.receipt
 	want := []string{"/nowhere/" + certdir.FileServerKey, "/nowhere/" + certdir.FileServerCert}
 	switch {
 	case r.Operation != "server-cert" || r.ToolVersion != "v1" || !r.Time.Equal(now) || r.Time.Location() != time.UTC:

@@ -29,7 +29,7 @@ func NewFileDecider(path, statePath string, log *slog.Logger, onReload func(erro
 	}
 	e := authz.NewEngine(authz.Rules{}, st, nil)
 	src := &inventory.FileSource{Path: path, Log: log, OnReload: onReload}
-	if err := src.Load(e); err != nil {
+	if err := src.Load(inventory.Install(e, authz.Rules{})); err != nil {
 		return nil, err
 	}
 	return &FileDecider{engine: e, source: src}, nil

@@ -70,6 +70,7 @@ type Service struct {
 
 	signerState signerState
 	limiter     *limiter
+	lintWarned  lintWarned
 	metrics     *Metrics
 	readiness   *Readiness
 	authorizer  *Authorizer
@@ -159,6 +160,9 @@ func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*p
 	defer s.metrics.inflight(-1)
 	t0 := s.now()
 	cert, err := Issue(r, creds.Issuer(), s.signer, creds.validity(s.limits.Validity, t0), t0, s.rand)
+	if lerr := s.observeLint(cert, err); lerr != nil {
+		return nil, lerr
+	}
 	s.metrics.observeLate(ctx, err)
 	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
 	s.signerState.observe(err)

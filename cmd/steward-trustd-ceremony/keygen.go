@@ -62,7 +62,7 @@ func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if o.SignerURI, o.Algorithm, err = k.key(o.SignerURI); err != nil {
 				return err
 			}
-			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, k.authorities, out); err != nil {
+			if o.Authorities, err = env.authorities(stderr, o.SignerURI, k.authorities); err != nil {
 				return err
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
@@ -176,7 +176,7 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if o.Source, err = src.source(); err != nil {
 				return err
 			}
-			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, authorities, out); err != nil {
+			if o.Authorities, err = env.authorities(stderr, o.SignerURI, authorities); err != nil {
 				return err
 			}
 			err = env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
@@ -233,11 +233,11 @@ chain as the daemon will and makes it issuer.crt; then restart the daemon on the
 			if o.NewSignerURI, o.Algorithm, err = k.key(o.NewSignerURI); err != nil {
 				return err
 			}
-			if o.NewSignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.NewSignerURI, k.authorities, out); err != nil {
+			if o.Authorities, err = env.authorities(stderr, o.NewSignerURI, k.authorities); err != nil {
 				return err
 			}
 			if intermediate {
-				return rotateIntermediate(cmd, env, stdout, stderr, d, keystore.IntermediateRequestOptions{SignerURI: o.NewSignerURI, Algorithm: o.Algorithm, Name: name})
+				return rotateIntermediate(cmd, env, stdout, stderr, d, keystore.IntermediateRequestOptions{SignerURI: o.NewSignerURI, Algorithm: o.Algorithm, Name: name, Authorities: o.Authorities})
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 				return cer.Rotate(cmd.Context(), d, o)

@@ -59,7 +59,7 @@ func TestFileSourceReload(t *testing.T) {
 	e := authz.NewEngine(authz.Rules{}, st, nil)
 	var reloads []error
 	src := &FileSource{Path: path, OnReload: func(err error) { reloads = append(reloads, err) }}
-	if err := src.Load(e); err != nil {
+	if err := src.Load(Install(e, authz.Rules{})); err != nil {
 		t.Fatal(err)
 	}
 	decide := func(peer, name string) string {
@@ -90,11 +90,11 @@ func TestFileSourceReload(t *testing.T) {
 
 func TestMergeRules(t *testing.T) {
 	a := authz.Rules{DNSPatterns: []string{"a"}, JoinWindow: time.Minute}
-	got := mergeRules(a, authz.Rules{DNSPatterns: []string{"b"}, JoinWindow: time.Hour})
+	got := MergeRules(a, authz.Rules{DNSPatterns: []string{"b"}, JoinWindow: time.Hour})
 	if strings.Join(got.DNSPatterns, ",") != "a,b" || got.JoinWindow != time.Hour {
 		t.Fatalf("%+v", got)
 	}
-	if got := mergeRules(a, authz.Rules{}); got.JoinWindow != time.Minute {
+	if got := MergeRules(a, authz.Rules{}); got.JoinWindow != time.Minute {
 		t.Fatalf("%+v", got)
 	}
 }

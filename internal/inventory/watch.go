@@ -20,22 +20,21 @@ type FileSource struct {
 	Path string
 	// Interval is how often the file is checked (default 5 s).
 	Interval time.Duration
-	// ExtraRules are added to the file's rules (flags of the command).
-	ExtraRules authz.Rules
 	// Log receives one line per change of state.
 	Log *slog.Logger
 	// OnReload, if set, learns every load's outcome (metrics).
 	OnReload func(err error)
 
-	engine  *authz.Engine
+	apply   func(*Parsed) error
 	lastSum [sha256.Size]byte
 	failing string
 }
 
-// Load reads the file once and installs it into e; it must succeed
-// before Run, so that a daemon never starts without an inventory.
-func (s *FileSource) Load(e *authz.Engine) error {
-	s.engine = e
+// Load reads the file once and hands it to apply (and so each changed
+// version later); it must succeed before Run, so that nothing starts
+// without an inventory. An apply error leaves the last good one.
+func (s *FileSource) Load(apply func(*Parsed) error) error {
+	s.apply = apply
 	if s.Log == nil {
 		s.Log = slog.New(slog.DiscardHandler)
 	}
@@ -90,18 +89,29 @@ func (s *FileSource) reload() (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("inventory %s: %w", s.Path, err)
 	}
-	if err := s.engine.SetSnapshot(p.Snapshot); err != nil {
+	if err := s.apply(p); err != nil {
 		return false, err
 	}
-	s.engine.SetRules(mergeRules(p.Rules, s.ExtraRules))
 	s.lastSum = sum
 	s.Log.Info("inventory loaded", "path", s.Path, "machines", p.Snapshot.Len())
 	return true, nil
 }
 
-// mergeRules adds b's ranges and patterns to a; b's join window wins
+// Install returns an apply function for FileSource.Load that makes the
+// file the engine's whole inventory, with extra added to its rules.
+func Install(e *authz.Engine, extra authz.Rules) func(*Parsed) error {
+	return func(p *Parsed) error {
+		if err := e.SetSnapshot(p.Snapshot); err != nil {
+			return err
+		}
+		e.SetRules(MergeRules(p.Rules, extra))
+		return nil
+	}
+}
+
+// MergeRules adds b's ranges and patterns to a; b's join window wins
 // when set.
-func mergeRules(a, b authz.Rules) authz.Rules {
+func MergeRules(a, b authz.Rules) authz.Rules {
 	out := authz.Rules{
 		ExtraPrefixes: append(append([]netip.Prefix{}, a.ExtraPrefixes...), b.ExtraPrefixes...),
 		DNSPatterns:   append(append([]string{}, a.DNSPatterns...), b.DNSPatterns...),

@@ -40,7 +40,7 @@ func uncheck(a *tpmpolicy.Approval) (*tpmpolicy.CheckedApproval, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tpmpolicy.CheckedApproval{File: "unchecked.json", PCRs: a.PCRs, Pol: pol, Ref: a.Ref, Sig: *sig}, nil
+	return &tpmpolicy.CheckedApproval{File: "unchecked.json", PCRs: a.PCRs, Pol: pol, Ref: a.Ref, Sig: *sig, Epoch: a.Epoch}, nil
 }
 
 // TPMVerifyApproval has the TPM verify approval a's signature as the
@@ -64,10 +64,18 @@ func TPMVerifyApproval(s *Signer, a *tpmpolicy.Approval) error {
 // software check skipped: what root on the node could make the TPM do. It
 // shows what the TPM itself accepts.
 func TPMSignWithApproval(s *Signer, a *tpmpolicy.Approval, digest []byte) error {
+	return TPMSignWithEpochClaim(s, a, a.Epoch, false, digest)
+}
+
+// TPMSignWithEpochClaim is TPMSignWithApproval for a revocable key where
+// root on the node lies about the approval's epoch (PolicyNV with epoch
+// instead of the signed one) or skips PolicyNV altogether (skipNV).
+func TPMSignWithEpochClaim(s *Signer, a *tpmpolicy.Approval, epoch uint64, skipNV bool, digest []byte) error {
 	c, err := uncheck(a)
 	if err != nil {
 		return err
 	}
+	c.Epoch = epoch
 	return s.do(context.Background(), false, func(t transport.TPM, at laneState) error {
 		sess, closeSess, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
 		if err != nil {
@@ -76,6 +84,11 @@ func TPMSignWithApproval(s *Signer, a *tpmpolicy.Approval, digest []byte) error 
 		defer func() { _ = closeSess() }()
 		if _, err := policyPCRDigest(t, sess.Handle(), c.PCRs); err != nil {
 			return err
+		}
+		if !skipNV {
+			if err := s.policyEpoch(t, sess.Handle(), c); err != nil {
+				return err
+			}
 		}
 		if err := s.authorizeWith(t, sess.Handle(), c, false); err != nil {
 			return err

@@ -115,6 +115,12 @@ type KeyURI struct {
 	// that systemd-measure's approvals satisfy it. For Open of a blob the
 	// blob says; a given systemd=true must agree.
 	Systemd bool
+	// Revocation (revocation=0x01xxxxxx) makes a new key under policy
+	// authorities revocable: its approvals carry an epoch checked by the
+	// TPM against the NV counter at this index (tpmpolicy.RevocableBinding;
+	// the ceremony's --revocable). For Open of a blob the blob says; a
+	// given revocation= must agree.
+	Revocation tpm2.TPMHandle
 	// Connections is how many connections to the TPM the signer keeps
 	// (connections=, 1 or 2; defaultConnections if not named), each with
 	// the key loaded and a policy session of its own.
@@ -133,6 +139,8 @@ func (u KeyURI) binding() tpmpolicy.Binding {
 		return tpmpolicy.SystemdBinding()
 	case u.legacy:
 		return tpmpolicy.LegacyBinding()
+	case u.Revocation != 0:
+		return revocableBinding(u)
 	}
 	b, err := tpmpolicy.BindingForPCRs(u.PCRs)
 	if err != nil {
@@ -163,6 +171,9 @@ func (u KeyURI) String() string {
 	}
 	if u.Systemd {
 		parts = append(parts, "systemd=true")
+	}
+	if u.Revocation != 0 {
+		parts = append(parts, fmt.Sprintf("revocation=0x%08x", uint32(u.Revocation)))
 	}
 	if u.Connections != defaultConnections(u.Device) {
 		parts = append(parts, "connections="+strconv.Itoa(u.Connections))
@@ -199,6 +210,9 @@ func ParseURI(uri string) (KeyURI, error) {
 		return KeyURI{}, uriErr("a key under a policy authority needs its approvals directory (approvals=/dir)")
 	}
 	if err := p.systemd(); err != nil {
+		return KeyURI{}, err
+	}
+	if err := p.revocation(); err != nil {
 		return KeyURI{}, err
 	}
 	if err := p.connections(); err != nil {
@@ -288,10 +302,12 @@ func (p *uriParser) apply(k, v string) error {
 			return uriErr("systemd=%q: the only value is true", v)
 		}
 		p.u.Systemd = true
+	case "revocation":
+		p.u.Revocation, err = parseRevocationIndex(v)
 	case "connections":
 		p.conns = v
 	default:
-		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority, systemd, connections)", k)
+		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority, systemd, revocation, connections)", k)
 	}
 	return err
 }
