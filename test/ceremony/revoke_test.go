@@ -98,6 +98,12 @@ func TestRevocableMigrationRevokeWithDaemon(t *testing.T) {
 	if rev := s.status(t, s.uri).SignedPolicy.Revocation; len(rev.Live) != 1 || len(rev.Dead) != 1 {
 		t.Errorf("status after re-approval: %+v", rev)
 	}
+	text := mustCeremony(t, nil, "status", "--signer", s.uri, "--ca", filepath.Join(s.dir, certdir.FileCACert)).stdout
+	for _, want := range []string{fmt.Sprintf("revocation:   counter NV 0x01005354, epoch %d", e+1), "  dead:       initial-", fmt.Sprintf(".json@%d", e)} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text status lacks %q:\n%s", want, text)
+		}
+	}
 	checkRevocationRefusals(t, s, e)
 }
 
