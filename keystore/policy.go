@@ -41,7 +41,7 @@ type ApproveOptions struct {
 // SHA-256(PolicyPCR digest || the key's policyRef): it lets a TPM key
 // created under this authority with that binding sign in that PCR state,
 // and nothing else.
-func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) (*Outcome, error) {
+func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) (_ *Outcome, err error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
@@ -49,7 +49,7 @@ func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) 
 	if err != nil {
 		return nil, fmt.Errorf("policy approve: open the policy authority: %w%s", err, AuthorityHint(err))
 	}
-	defer auth.Close()
+	defer closeKey(auth, &err)
 	approvedBy := o.ApprovedBy
 	if approvedBy == "" {
 		approvedBy = auth.Describe().Fingerprint

@@ -77,7 +77,7 @@ func (b *Backend) newSigner(ctx context.Context, u KeyURI, km *keyMaterial) (*Si
 		return err
 	})
 	if err != nil {
-		conn.Close()
+		err = errors.Join(err, conn.Close())
 		return nil, fmt.Errorf("tpm: open %s: %w", u, err)
 	}
 	s.conn, s.key, s.deviceUp = conn, key, true
@@ -193,7 +193,7 @@ func (s *Signer) ensureLocked(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		conn.Close()
+		_ = conn.Close() // it failed; err says why
 		s.lastErr = fmt.Errorf("tpm: reconnect %s: %w: %w", s.uri.Device, signer.ErrDeviceUnavailable, err)
 		return s.lastErr
 	}
@@ -218,7 +218,7 @@ func (s *Signer) dialURI(ctx context.Context) (transport.TPMCloser, error) {
 // dropLocked forgets a connection that failed; the next call reconnects.
 func (s *Signer) dropLocked(cause error) {
 	if s.conn != nil {
-		s.conn.Close()
+		_ = s.conn.Close() // it failed; cause says why
 	}
 	s.conn, s.key, s.sess = nil, 0, nil
 	s.lastAttempt = time.Time{}
