@@ -51,7 +51,7 @@ func write(path string, data []byte, perm os.FileMode, overwrite bool) error {
 	if err != nil {
 		return writeNamed(path, data, perm, overwrite)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // fill synced it: closing cannot lose data
 	if err := fill(f, data, perm); err != nil {
 		return err
 	}
@@ -65,8 +65,7 @@ func write(path string, data []byte, perm os.FileMode, overwrite bool) error {
 	}
 	crashpoint.At("atomicfile.linked")
 	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
+		return errors.Join(err, os.Remove(tmp))
 	}
 	return nil
 }
@@ -78,7 +77,7 @@ func writeNamed(path string, data []byte, perm os.FileMode, overwrite bool) erro
 		return err
 	}
 	tmp := f.Name()
-	defer os.Remove(tmp) // no-op once renamed; removes the link source otherwise
+	defer func() { _ = os.Remove(tmp) }() // no-op once renamed; removes the link source otherwise
 	err = fill(f, data, perm)
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -173,7 +172,7 @@ func syncDir(dir string) error {
 	if err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // read only, for Sync
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}

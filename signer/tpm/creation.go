@@ -76,8 +76,7 @@ func (b *Backend) persistWithEvidence(t transport.TPM, u KeyURI, parent *srk, bl
 		return fmt.Errorf("write creation evidence: %w", err)
 	}
 	if err := b.persist(t, u, parent, blob); err != nil {
-		os.Remove(CreationPath(u.Path))
-		return err
+		return errors.Join(err, os.Remove(CreationPath(u.Path)))
 	}
 	return nil
 }
@@ -107,7 +106,7 @@ func readCreation(blobPath string, keyName []byte) (*creationEvidence, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read creation evidence: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	data, err := io.ReadAll(io.LimitReader(f, 1<<16))
 	if err != nil {
 		return nil, fmt.Errorf("read creation evidence: %w", err)
