@@ -29,6 +29,8 @@ pkgs+=(containerd runc)
 # nftables mode), curl: make e2e's node (hack/e2e-node.sh), which runs
 # containerd and kube-proxy inside a network namespace of its own.
 pkgs+=(containernetworking-plugins nftables curl iproute2)
+# jq: make vulncheck (part of make lint) reads govulncheck's JSON findings.
+pkgs+=(jq)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

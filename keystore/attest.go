@@ -20,43 +20,13 @@ type Attester interface {
 	ActivateCredential(ctx context.Context, uri string, s *attestation.Sealed) ([]byte, error)
 }
 
-// Receipt operations of attestation.
-const (
-	opAttest           = "attest"
-	opAttestRespond    = "attest.respond"
-	opVerifyAttest     = "verify-attestation"
-	opVerifyActivation = "verify-attestation.activation"
-)
-
-// commitRecord writes outputs, then the receipt r, as one unit, under
-// the receipts directory's lock.
-func (c *Ceremony) commitRecord(receipts Dir, r Receipt, outputs []Placed) (*Outcome, error) {
-	st, unlock, err := c.begin(receipts)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	r.Time, r.ToolVersion = c.now().UTC(), c.Version
-	for _, p := range outputs {
-		r.Files = append(r.Files, p.Dir.Path(p.File.Name))
-	}
-	rf, err := st.receiptFile(r, c.Rand)
-	if err != nil {
-		return nil, err
-	}
-	if err := WritePlaced(append(outputs, Placed{Dir: receipts, File: rf})); err != nil {
-		return nil, err
-	}
-	return &Outcome{Receipt: r, Written: r.Files}, nil
-}
-
 // refusal records a refused verification (no file but the receipt) and
 // returns cause, so that the caller exits non-zero naming the check.
-func (c *Ceremony) refusal(receipts Dir, op string, details map[string]string, cause error) error {
+func (c *Ceremony) refusal(receipts Dir, op Operation, details map[string]string, cause error) error {
 	details["outcome"] = "refused"
 	details["check"] = string(attestation.FailedCheck(cause))
 	details["reason"] = cause.Error()
-	if _, err := c.commitRecord(receipts, Receipt{Operation: op, Details: details}, nil); err != nil {
+	if _, err := c.record(receipts, &plan{receipt: Receipt{Operation: op, Details: details}}); err != nil {
 		return errors.Join(cause, fmt.Errorf("record the refusal: %w", err))
 	}
 	return cause
@@ -97,9 +67,9 @@ func (c *Ceremony) Attest(ctx context.Context, receipts Dir, o AttestOptions) (*
 	if err != nil {
 		return nil, err
 	}
-	r := newReceipt(opAttest, "", c.now(), desc)
+	r := newReceipt(opAttest, desc)
 	certReceipt(&r, o.CA)
-	out, err := c.commitRecord(receipts, r, []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}})
+	out, err := c.record(receipts, &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}}})
 	if err != nil {
 		return nil, fmt.Errorf("attest: %w", err)
 	}
@@ -131,7 +101,7 @@ func (c *Ceremony) AttestRespond(ctx context.Context, receipts Dir, o RespondOpt
 		return nil, c.refusal(receipts, opAttestRespond, map[string]string{"akName": fmt.Sprintf("%x", sealed.AKName)}, fmt.Errorf("attest --challenge: %w", err))
 	}
 	r := Receipt{Operation: opAttestRespond, Backend: "tpm", Details: map[string]string{"akName": fmt.Sprintf("%x", sealed.AKName)}}
-	out, err := c.commitRecord(receipts, r, []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: attestation.EncodeSecret(secret), Mode: 0o600}, Overwrite: o.Force}})
+	out, err := c.record(receipts, &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: attestation.EncodeSecret(secret), Mode: 0o600}, Overwrite: o.Force}}})
 	if err != nil {
 		return nil, fmt.Errorf("attest --challenge: %w", err)
 	}
@@ -174,7 +144,7 @@ func (c *Ceremony) VerifyAttestation(receipts Dir, o VerifyAttestationOptions) (
 			return nil, nil, c.refusal(receipts, op, details, fmt.Errorf("verify-attestation: %w", err))
 		}
 		details["outcome"] = "activated: the CA key is in the TPM holding this EK"
-		out, err := c.commitRecord(receipts, caReceipt(op, o.CA, details), nil)
+		out, err := c.record(receipts, &plan{receipt: caReceipt(op, o.CA, details)})
 		return res, out, err
 	}
 	outputs, err := c.challengeFiles(o)
@@ -182,7 +152,7 @@ func (c *Ceremony) VerifyAttestation(receipts Dir, o VerifyAttestationOptions) (
 		return nil, nil, err
 	}
 	details["outcome"] = "verified; activation challenge written"
-	out, err := c.commitRecord(receipts, caReceipt(op, o.CA, details), outputs)
+	out, err := c.record(receipts, &plan{receipt: caReceipt(op, o.CA, details), outputs: outputs})
 	return res, out, err
 }
 
@@ -207,7 +177,7 @@ func verifyCAEvidence(o VerifyAttestationOptions) (*attestation.Result, map[stri
 }
 
 // challengeFiles seals a fresh secret to the evidence's EK and AK.
-func (c *Ceremony) challengeFiles(o VerifyAttestationOptions) ([]Placed, error) {
+func (c *Ceremony) challengeFiles(o VerifyAttestationOptions) ([]placement, error) {
 	ce, err := attestation.ParseCAEvidence(o.Evidence)
 	if err != nil {
 		return nil, err
@@ -225,13 +195,13 @@ func (c *Ceremony) challengeFiles(o VerifyAttestationOptions) ([]Placed, error) 
 		return nil, err
 	}
 	d := o.ChallengeOut.Dir
-	return []Placed{
+	return []placement{
 		{Dir: d, File: File{Name: o.ChallengeOut.Name + ".secret", Data: attestation.EncodeSecret(secret), Mode: 0o600}, Overwrite: o.Force},
 		{Dir: d, File: File{Name: o.ChallengeOut.Name, Data: data, Mode: 0o644}, Overwrite: o.Force},
 	}, nil
 }
 
-func caReceipt(op string, ca *x509.Certificate, details map[string]string) Receipt {
+func caReceipt(op Operation, ca *x509.Certificate, details map[string]string) Receipt {
 	r := Receipt{Operation: op, Details: details}
 	fp, err := signer.Fingerprint(ca.PublicKey)
 	if err == nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/steward-trustd/steward-trustd/internal/apidtest"
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/doctor"
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
@@ -86,7 +87,7 @@ func receiptOps(t *testing.T, d keystore.Dir) []string {
 	}
 	var ops []string
 	for _, r := range rs {
-		ops = append(ops, r.Operation)
+		ops = append(ops, string(r.Operation))
 	}
 	return ops
 }
@@ -256,7 +257,7 @@ func TestInitResumesAfterFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, _ := file.ParsePrivateKeyPEM(keyBefore)
+	k, _ := keyutil.ParsePrivateKeyPEM(keyBefore)
 	if !pki.KeyMatchesCert(k.Public(), ca) {
 		t.Error("resumed CA is not for the first key")
 	}

@@ -13,9 +13,9 @@ import (
 	"go.yaml.in/yaml/v4"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 // workerPatch mirrors the fields of Talos's v1alpha1 MachineConfig a
@@ -91,7 +91,7 @@ func GenerateCredentials(o CredentialsOptions) ([]File, error) {
 	if _, _, err := pki.SplitHosts(o.Hosts); err != nil {
 		return nil, err
 	}
-	caKey, err := file.GenerateKey(o.Rand, o.Algorithm)
+	caKey, err := keyutil.GenerateKey(o.Rand, o.Algorithm)
 	if err != nil {
 		return nil, fmt.Errorf("generate CA key: %w", err)
 	}
@@ -99,7 +99,7 @@ func GenerateCredentials(o CredentialsOptions) ([]File, error) {
 	if err != nil {
 		return nil, err
 	}
-	caKeyPEM, err := file.MarshalPrivateKeyPEM(caKey)
+	caKeyPEM, err := keyutil.MarshalPrivateKeyPEM(caKey)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +137,7 @@ func GenerateCredentials(o CredentialsOptions) ([]File, error) {
 // issueServing generates a P-256 serving key locally and has caKey sign
 // its certificate for hosts.
 func issueServing(ca *x509.Certificate, caKey crypto.Signer, hosts []string, validity time.Duration, now time.Time, r io.Reader) (*x509.Certificate, []byte, error) {
-	key, err := file.GenerateKey(r, signer.ECDSAP256)
+	key, err := keyutil.GenerateKey(r, signer.ECDSAP256)
 	if err != nil {
 		return nil, nil, fmt.Errorf("generate serving key: %w", err)
 	}
@@ -145,7 +145,7 @@ func issueServing(ca *x509.Certificate, caKey crypto.Signer, hosts []string, val
 	if err != nil {
 		return nil, nil, err
 	}
-	keyPEM, err := file.MarshalPrivateKeyPEM(key)
+	keyPEM, err := keyutil.MarshalPrivateKeyPEM(key)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -53,7 +53,7 @@ func (e *ForeignKeyError) Is(target error) bool {
 // created a key there, so a new key elsewhere could be a second one.
 type InterruptedError struct {
 	// Operation is the key operation ("init.key", "rotate.key").
-	Operation string
+	Operation Operation
 	// Address is the signer URI (without its query) of the interrupted run.
 	Address string
 	// Since is when the interrupted run recorded its intent.
@@ -76,7 +76,7 @@ func (e *InterruptedError) Unwrap() error { return ErrInterrupted }
 // command recognises the key and records it.
 type KeyNotRecordedError struct {
 	// Operation is the key operation ("init.key", "rotate.key").
-	Operation string
+	Operation Operation
 	// Fingerprint and Location describe the new key.
 	Fingerprint, Location string
 	// Err is why the receipt was not written.

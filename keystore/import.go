@@ -8,14 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"go.yaml.in/yaml/v4"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 // ImportSource is an existing OS CA to move onto a device.
@@ -31,7 +30,7 @@ type ImportSource struct {
 
 // ParseImportFiles parses a CA key and certificate PEM pair.
 func ParseImportFiles(keyPEM, certPEM []byte) (*ImportSource, error) {
-	key, err := file.ParsePrivateKeyPEM(keyPEM)
+	key, err := keyutil.ParsePrivateKeyPEM(keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("CA key: %w", err)
 	}
@@ -97,6 +96,9 @@ type ImportOptions struct {
 	Cluster string
 	// Force allows replacing existing output files (never device keys).
 	Force bool
+	// Authorities, if any, put the key into the TPM under policy
+	// authorities.
+	Authorities Authorities
 }
 
 // Import checks that the certificate matches the key and is a CA, puts the
@@ -148,8 +150,8 @@ func (o *ImportOptions) check() (string, error) {
 	if !pki.KeyMatchesCert(src.Key.Public(), src.Cert) {
 		return "", fmt.Errorf("import: %w: the certificate's public key is not the key's, they are not a pair", ErrKeyMismatch)
 	}
-	if !src.Cert.IsCA || src.Cert.KeyUsage&x509.KeyUsageCertSign == 0 {
-		return "", errors.New("import: the certificate is not a CA certificate (needs basicConstraints CA and keyUsage certSign)")
+	if err := pki.CheckCA(src.Cert); err != nil {
+		return "", fmt.Errorf("import: %w", err)
 	}
 	return signer.Fingerprint(src.Key.Public())
 }
@@ -175,13 +177,17 @@ func importTargetFree(st *state, o ImportOptions) error {
 // importKey puts the source key on the device, or finds it there from an
 // earlier run (same fingerprint).
 func (c *Ceremony) importKey(ctx context.Context, st *state, o ImportOptions, fp string) (signer.Signer, []string, error) {
-	s, err := c.Keys.Import(ctx, o.SignerURI, o.Source.Key)
+	uri, err := c.underAuthorities(ctx, st, o.SignerURI, o.Authorities)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := c.Keys.Import(ctx, uri, o.Source.Key)
 	switch {
 	case err == nil:
 		c.step("import key imported")
 		return s, nil, nil
 	case errors.Is(err, signer.ErrKeyExists):
-		return c.importedEarlier(ctx, st, o.SignerURI, fp)
+		return c.importedEarlier(ctx, st, uri, fp)
 	}
 	return nil, nil, err
 }
@@ -211,7 +217,7 @@ type importResults struct {
 // an earlier run's, else a new one (with a note to patch the workers).
 func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	src := o.Source
-	p := &plan{op: "import", resumed: r.keyResumed}
+	p := &plan{op: string(opImport), resumed: r.keyResumed}
 	resuming := st.ca != nil && st.ca.Equal(src.Cert)
 	token := src.Token
 	if token == "" && resuming && st.token != "" {
@@ -230,12 +236,12 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if resuming && !o.Force && st.matches(files) && st.receipt("import", r.key.Fingerprint, pki.CertFingerprint(src.Cert)) != nil {
+	if resuming && !o.Force && st.matches(files) && st.receipt(opImport, r.key.Fingerprint, pki.CertFingerprint(src.Cert)) != nil {
 		p.alreadyDone, p.notes = true, []string{destroySourceNote(r.key)}
 		return p, nil
 	}
 	p.files = files
-	p.receipt = newReceipt("import", "", time.Time{}, r.key)
+	p.receipt = newReceipt(opImport, r.key)
 	certReceipt(&p.receipt, src.Cert)
 	if r.key.Extractable {
 		p.notes = append(p.notes, "WARNING: the backend reports the key as extractable ("+r.key.Backend+"); it is not protected by a device")
@@ -244,12 +250,13 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	return p, nil
 }
 
-// destroySourceNote says where the key now is (a file key is no device)
-// and that every copy of the source must go.
+// destroySourceNote says where the key now is (an extractable key, a
+// file key always, is held by no device) and that every copy of the
+// source must go.
 func destroySourceNote(key signer.Description) string {
 	where := "is on the device (" + key.Location + ")"
-	if key.Backend == file.Scheme {
-		where = "is in the key file " + key.Location + " (extractable: no device holds it)"
+	if key.Extractable {
+		where = "is at " + key.Location + " (extractable: no device keeps it from being copied)"
 	}
 	return "the key " + where + " and signs correctly: now destroy every copy of the source key, including backups " +
 		"(a key file: shred -u; a secrets.yaml: the import writes its worker secrets file without the OS CA key, then destroy the original)"

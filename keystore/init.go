@@ -27,6 +27,8 @@ type InitOptions struct {
 	Algorithm signer.Algorithm
 	// Force allows replacing existing output files (never device keys).
 	Force bool
+	// Authorities, if any, create a TPM key under policy authorities.
+	Authorities Authorities
 }
 
 // initOutputs are the files init writes besides its receipt.
@@ -92,7 +94,7 @@ func (o *InitOptions) check() error {
 // directory init would then refuse to write.
 func (c *Ceremony) initKey(ctx context.Context, st *state, o InitOptions) (signer.Signer, []string, error) {
 	resumeOnly := !o.Force && st.has(initOutputs...)
-	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opInitKey, uri: o.SignerURI, alg: o.Algorithm, resumeOnly: resumeOnly})
+	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opInitKey, uri: o.SignerURI, alg: o.Algorithm, resumeOnly: resumeOnly, authorities: o.Authorities})
 	if errors.Is(err, errNothingToResume) {
 		return nil, nil, fmt.Errorf("%w: %s holds the files of another init (no key at the signer URI was created for them); use another --out, or --force", ErrExists, st.dir.Path(""))
 	}
@@ -136,7 +138,7 @@ type initResults struct {
 // earlier run's token is kept when its CA is, a complete earlier run is
 // already done, and a fresh run refuses to replace files without --force.
 func planInit(st *state, o InitOptions, r initResults) (*plan, error) {
-	p := &plan{op: "init", resumed: r.keyResumed}
+	p := &plan{op: string(opInit), resumed: r.keyResumed}
 	keptCA := st.ca != nil && st.ca.Equal(r.ca)
 	resuming := len(r.keyResumed) > 0 || keptCA
 	if keptCA {
@@ -151,7 +153,7 @@ func planInit(st *state, o InitOptions, r initResults) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if resuming && !o.Force && st.matches(files) && st.receipt("init", r.key.Fingerprint, pki.CertFingerprint(r.ca)) != nil {
+	if resuming && !o.Force && st.matches(files) && st.receipt(opInit, r.key.Fingerprint, pki.CertFingerprint(r.ca)) != nil {
 		p.alreadyDone = true
 		return p, nil
 	}
@@ -159,22 +161,11 @@ func planInit(st *state, o InitOptions, r initResults) (*plan, error) {
 		return nil, fmt.Errorf("%w: %v", ErrExists, present)
 	}
 	p.files = files
-	p.receipt = newReceipt("init", "", time.Time{}, r.key)
+	p.receipt = newReceipt(opInit, r.key)
 	certReceipt(&p.receipt, r.ca)
 	p.notes = []string{
 		"apply " + st.dir.Path(certdir.FileWorkerPatch) + " to every worker's machine config (it holds the token: keep it secret)",
 		"deploy " + st.dir.Path(certdir.FileKubernetesSecret) + " and run steward-trustd with TRUSTD_SIGNER set to the signer URI",
 	}
 	return p, nil
-}
-
-func fileNames(d Dir, files []File) []string {
-	out := make([]string, len(files))
-	for i, f := range files {
-		out[i] = d.Path(f.Name)
-		if f.Remove {
-			out[i] = "-" + out[i]
-		}
-	}
-	return out
 }

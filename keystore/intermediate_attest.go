@@ -17,14 +17,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
-// Receipt operations of attested enrolment.
-const (
-	opIntermediateAttest  = "intermediate.attest"
-	opIntermediateEnrol   = "intermediate.enrol"
-	opIntermediateInstall = "intermediate.install"
-	opIntermediateConfirm = "intermediate.confirm"
-)
-
 // IntermediateAttestOptions configures IntermediateAttest.
 type IntermediateAttestOptions struct {
 	// SignerURI is the node's TPM key (tpm:path=…), CSR its PEM request.
@@ -59,9 +51,9 @@ func (c *Ceremony) IntermediateAttest(ctx context.Context, d Dir, o Intermediate
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request --attest: %w", err)
 	}
-	r := newReceipt(opIntermediateAttest, "", c.now(), desc)
+	r := newReceipt(opIntermediateAttest, desc)
 	r.Details = map[string]string{"name": csr.Subject.CommonName}
-	out, err := c.commitRecord(d, r, []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: true}})
+	out, err := c.record(d, &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: true}}})
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +114,7 @@ func (c *Ceremony) IntermediateSignAttested(ctx context.Context, receipts Dir, o
 	is.details["outcome"], is.details["activationCommitment"] = "authorized", commitment
 	is.details["attestation"] = "pending activation: evidence verified for EK " + res.EK.SHA256 + pinNote(a.Pins) +
 		"; not attested until intermediate confirm checks the node's activation proof"
-	out, err := c.commitIssue(receipts, is)
+	out, err := c.record(receipts, is.plan())
 	if err != nil {
 		return nil, nil, fmt.Errorf("intermediate sign: %w", err)
 	}
@@ -218,13 +210,13 @@ func (c *Ceremony) IntermediateInstall(ctx context.Context, d Dir, o Intermediat
 	if err != nil {
 		return nil, nil, c.refusal(d, opIntermediateInstall, map[string]string{}, fmt.Errorf("intermediate install: %w", err))
 	}
-	r := newReceipt(opIntermediateInstall, "", c.now(), desc)
+	r := newReceipt(opIntermediateInstall, desc)
 	certReceipt(&r, cert)
 	r.Details = map[string]string{"outcome": "installed; activation proof written for the root"}
-	out, err := c.commitRecord(d, r, []Placed{
+	out, err := c.record(d, &plan{receipt: r, outputs: []placement{
 		{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force},
 		{Dir: o.ProofOut.Dir, File: File{Name: o.ProofOut.Name, Data: proof, Mode: 0o644}, Overwrite: true},
-	})
+	}})
 	if err != nil {
 		return nil, nil, fmt.Errorf("intermediate install: %w", err)
 	}
@@ -294,7 +286,7 @@ func (c *Ceremony) IntermediateConfirm(receipts Dir, proofFile []byte) (*Outcome
 	}
 	details["outcome"] = "attested"
 	details["attestation"] = "attested: key in the TPM of EK " + enrol.Details["ekCertificate"] + " (evidence verified at signing, activation proven)"
-	out, err := c.commitRecord(receipts, r, nil)
+	out, err := c.record(receipts, &plan{receipt: r})
 	if err != nil {
 		return nil, fmt.Errorf("intermediate confirm: %w", err)
 	}

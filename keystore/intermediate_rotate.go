@@ -5,15 +5,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
-
-// opIntermediateRotateFinish records the end of an intermediate rotation.
-const opIntermediateRotateFinish = "intermediate.rotate.finish"
 
 // IntermediateRotate starts rotating a node's intermediate in its cert
 // dir d (which holds os-ca.crt and issuer.crt): a new key at
@@ -139,8 +135,8 @@ func planIntermediateFinish(st *state, next []*x509.Certificate, key signer.Desc
 		{Name: certdir.FileNextIssuerChain, Remove: true},
 		{Name: certdir.FileNextIssuerCSR, Remove: true},
 	}
-	p.receipt = newReceipt(opIntermediateRotateFinish, "", time.Time{}, key)
+	p.receipt = newReceipt(opIntermediateRotateFinish, key)
 	certReceipt(&p.receipt, next[0])
-	p.recorded = st.receipt(opIntermediateRotateFinish, key.Fingerprint, p.receipt.CertificateFingerprint) != nil
+	p.unrecorded = st.receipt(opIntermediateRotateFinish, key.Fingerprint, p.receipt.CertificateFingerprint) != nil
 	return p
 }

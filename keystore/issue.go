@@ -12,9 +12,9 @@ import (
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 // Target is one output file.
@@ -26,11 +26,8 @@ type Target struct {
 // OpenCA opens the key at uri and checks that it is ca's key and that ca
 // is a CA certificate.
 func (c *Ceremony) OpenCA(ctx context.Context, uri string, ca *x509.Certificate) (signer.Signer, error) {
-	if ca == nil {
-		return nil, errors.New("a CA certificate is required")
-	}
-	if !ca.IsCA || ca.KeyUsage&x509.KeyUsageCertSign == 0 {
-		return nil, fmt.Errorf("certificate %q is not a CA certificate", ca.Subject)
+	if err := pki.CheckCA(ca); err != nil {
+		return nil, err
 	}
 	s, err := c.Keys.Open(ctx, uri)
 	if err != nil {
@@ -49,45 +46,22 @@ func (c *Ceremony) OpenCA(ctx context.Context, uri string, ca *x509.Certificate)
 // certificate, the files that carry it and what its receipt records
 // besides the certificate.
 type issuance struct {
-	op      string
+	op      Operation
 	key     signer.Description
 	cert    *x509.Certificate
 	details map[string]string
-	outputs []Placed
+	outputs []placement
 }
 
-// planIssue is the pure half of an issuing operation: the receipt that
-// records is, listing every output in order.
-func planIssue(is issuance, now time.Time, version string) Receipt {
-	r := newReceipt(is.op, version, now, is.key)
+// plan is the pure half of an issuing operation: the outputs and the
+// receipt that records them.
+func (is issuance) plan() *plan {
+	r := newReceipt(is.op, is.key)
 	if is.cert != nil { // a request (intermediate request) has none yet
 		certReceipt(&r, is.cert)
 	}
-	for _, p := range is.outputs {
-		r.Files = append(r.Files, p.Dir.Path(p.File.Name))
-	}
 	r.Details = is.details
-	return r
-}
-
-// commitIssue writes an issuing operation's outputs, then its receipt, as
-// one unit (WritePlaced). It reads the receipts directory once, under its
-// lock, for the receipt's sequence number.
-func (c *Ceremony) commitIssue(receipts Dir, is issuance) (*Outcome, error) {
-	st, unlock, err := c.begin(receipts)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	r := planIssue(is, c.now(), c.Version)
-	rf, err := st.receiptFile(r, c.Rand)
-	if err != nil {
-		return nil, err
-	}
-	if err := WritePlaced(append(is.outputs, Placed{Dir: receipts, File: rf})); err != nil {
-		return nil, err
-	}
-	return &Outcome{Receipt: r, Written: r.Files}, nil
+	return &plan{receipt: r, outputs: is.outputs}
 }
 
 // SignCSROptions configures SignCSR.
@@ -131,11 +105,11 @@ func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
-	out, err := c.commitIssue(receipts, issuance{
-		op: "sign-csr", key: s.Describe(), cert: cert,
+	out, err := c.record(receipts, issuance{
+		op: opSignCSR, key: s.Describe(), cert: cert,
 		details: map[string]string{"roles": strings.Join(roles, ","), "caFingerprint": pki.CertFingerprint(o.CA)},
-		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
-	})
+		outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
+	}.plan())
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
@@ -204,7 +178,7 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 		return nil, fmt.Errorf("talosconfig: %w", err)
 	}
 	defer s.Close()
-	key, err := file.GenerateKey(c.Rand, signer.ECDSAP256)
+	key, err := keyutil.GenerateKey(c.Rand, signer.ECDSAP256)
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: generate client key: %w", err)
 	}
@@ -212,7 +186,7 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
 	}
-	keyPEM, err := file.MarshalPrivateKeyPEM(key)
+	keyPEM, err := keyutil.MarshalPrivateKeyPEM(key)
 	if err != nil {
 		return nil, err
 	}
@@ -220,11 +194,11 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
 	}
-	out, err := c.commitIssue(receipts, issuance{
-		op: "talosconfig", key: s.Describe(), cert: cert,
+	out, err := c.record(receipts, issuance{
+		op: opTalosconfig, key: s.Describe(), cert: cert,
 		details: map[string]string{"roles": strings.Join(roles, ","), "context": o.Context, "endpoints": strings.Join(o.Endpoints, ","), "caFingerprint": pki.CertFingerprint(o.CA)},
-		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o600}, Overwrite: o.Force}},
-	})
+		outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o600}, Overwrite: o.Force}},
+	}.plan())
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
 	}
@@ -282,7 +256,7 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
 	if !o.Force {
-		if err := CheckAbsent(o.Out, []File{{Name: certdir.FileServerCert}, {Name: certdir.FileServerKey}}); err != nil {
+		if err := checkAbsent(o.Out, []File{{Name: certdir.FileServerCert}, {Name: certdir.FileServerKey}}); err != nil {
 			return nil, nil, fmt.Errorf("server-cert: %w", err)
 		}
 	}
@@ -299,11 +273,11 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 	if err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
-	out, err := c.commitIssue(receipts, issuance{
-		op: "server-cert", key: s.Describe(), cert: cert,
+	out, err := c.record(receipts, issuance{
+		op: opServerCert, key: s.Describe(), cert: cert,
 		details: map[string]string{"sans": strings.Join(o.Hosts, ","), "caFingerprint": pki.CertFingerprint(o.CA)},
 		outputs: outputs,
-	})
+	}.plan())
 	if err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
@@ -313,9 +287,9 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 // serverCertOutputs are server.key and server.crt in o.Out and, in a
 // ceremony directory, the Secret manifest (the daemon's cert dir) kept in
 // step with them.
-func serverCertOutputs(o ServerCertOptions, cert *x509.Certificate, keyPEM []byte) ([]Placed, error) {
+func serverCertOutputs(o ServerCertOptions, cert *x509.Certificate, keyPEM []byte) ([]placement, error) {
 	crtPEM := pki.EncodeCertificates(cert)
-	out := []Placed{
+	out := []placement{
 		{Dir: o.Out, File: File{Name: certdir.FileServerKey, Data: keyPEM, Mode: 0o600}, Overwrite: o.Force},
 		{Dir: o.Out, File: File{Name: certdir.FileServerCert, Data: crtPEM, Mode: 0o600}, Overwrite: o.Force},
 	}
@@ -323,7 +297,7 @@ func serverCertOutputs(o ServerCertOptions, cert *x509.Certificate, keyPEM []byt
 	if err != nil || secret == nil {
 		return out, err
 	}
-	return append(out, Placed{Dir: o.Out, File: *secret, Overwrite: true}), nil
+	return append(out, placement{Dir: o.Out, File: *secret, Overwrite: true}), nil
 }
 
 // refreshedSecret rebuilds kubernetes-secret.yaml of a ceremony directory

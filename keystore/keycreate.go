@@ -13,12 +13,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
-// Receipt operations of the key-creating steps.
-const (
-	opInitKey   = "init.key"
-	opRotateKey = "rotate.key"
-)
-
 // intent is the durable record written before a key is created, naming
 // where it will be: a key that appears there while the record is
 // outstanding is this ceremony's half-finished key, any other key is
@@ -26,7 +20,7 @@ const (
 // without its query, and a key URI keeps its secrets (the PKCS#11
 // pin-value, RFC 7512 §2.4) in the query.
 type intent struct {
-	Operation   string           `json:"operation"`
+	Operation   Operation        `json:"operation"`
 	Address     string           `json:"address"`
 	Algorithm   signer.Algorithm `json:"algorithm"`
 	Time        time.Time        `json:"time"`
@@ -35,7 +29,7 @@ type intent struct {
 
 // intentName is the intent record of op, under certdir.DirReceipts (not a
 // receipt: receipts end in .json).
-func intentName(op string) string { return path.Join(certdir.DirReceipts, op+".intent") }
+func intentName(op Operation) string { return path.Join(certdir.DirReceipts, string(op)+".intent") }
 
 // keyAddress is uri without its query (RFC 3986 §3.4).
 func keyAddress(uri string) string {
@@ -43,7 +37,7 @@ func keyAddress(uri string) string {
 	return a
 }
 
-func readIntent(d Dir, op string) (*intent, error) {
+func readIntent(d Dir, op Operation) (*intent, error) {
 	b, err := readOptional(d, intentName(op))
 	if err != nil || b == nil {
 		return nil, err
@@ -58,9 +52,12 @@ func readIntent(d Dir, op string) (*intent, error) {
 // keyRequest asks for the key of one operation.
 type keyRequest struct {
 	// op is the receipt operation recording the key (opInitKey, opRotateKey).
-	op  string
+	op  Operation
 	uri string
 	alg signer.Algorithm
+	// authorities, if any, bind the key to policy authorities (uri
+	// gains them; see underAuthorities).
+	authorities Authorities
 	// resumeOnly forbids creating a key: only one an earlier run of op
 	// created (or was creating) may be used. errNothingToResume otherwise.
 	resumeOnly bool
@@ -77,6 +74,9 @@ var errNothingToResume = errors.New("no key of an earlier run to resume")
 // run may have created a key elsewhere. resumed says what an earlier run
 // had done.
 func (c *Ceremony) createKey(ctx context.Context, st *state, req keyRequest) (s signer.Signer, resumed []string, err error) {
+	if req.uri, err = c.underAuthorities(ctx, st, req.uri, req.authorities); err != nil {
+		return nil, nil, err
+	}
 	s, err = c.Keys.Open(ctx, req.uri)
 	switch {
 	case err == nil:
@@ -106,7 +106,7 @@ func (c *Ceremony) claimExisting(st *state, req keyRequest, s signer.Signer) (si
 				return nil, nil, err
 			}
 		}
-	case in != nil && in.Address == keyAddress(req.uri) && sameAlgorithm(desc, in.Algorithm):
+	case in != nil && in.Address == keyAddress(req.uri) && hasAlgorithm(s, in.Algorithm):
 		if err := c.recordKey(st, req.op, s, in); err != nil {
 			s.Close()
 			return nil, nil, err
@@ -116,7 +116,7 @@ func (c *Ceremony) claimExisting(st *state, req keyRequest, s signer.Signer) (si
 		s.Close()
 		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}
 	}
-	if !sameAlgorithm(desc, req.alg) {
+	if !hasAlgorithm(s, req.alg) {
 		s.Close()
 		return nil, nil, fmt.Errorf("%w: the key an earlier run created is %s, not %s; re-run with the flags of that run", signer.ErrKeyExists, desc.Algorithm, req.alg)
 	}
@@ -125,24 +125,18 @@ func (c *Ceremony) claimExisting(st *state, req keyRequest, s signer.Signer) (si
 
 // generate creates the key of req after recording the intent to.
 func (c *Ceremony) generate(ctx context.Context, st *state, req keyRequest) (signer.Signer, []string, error) {
-	d := st.dir
 	if in := st.intents[req.op]; in != nil && in.Address != keyAddress(req.uri) {
-		return nil, nil, &InterruptedError{Operation: req.op, Address: in.Address, Since: in.Time, Record: d.Path(intentName(req.op))}
+		return nil, nil, &InterruptedError{Operation: req.op, Address: in.Address, Since: in.Time, Record: st.dir.Path(intentName(req.op))}
 	}
 	in := &intent{Operation: req.op, Address: keyAddress(req.uri), Algorithm: req.alg, Time: c.now().UTC(), ToolVersion: c.Version}
-	data, err := json.MarshalIndent(in, "", "  ")
-	if err != nil {
+	if err := c.writeIntent(st, in); err != nil {
 		return nil, nil, err
 	}
-	if err := d.WriteFile(intentName(req.op), append(data, '\n'), 0o644, true); err != nil {
-		return nil, nil, fmt.Errorf("record the intent to create a key (nothing was created): %w", err)
-	}
-	c.step(req.op + " intent recorded")
 	s, err := c.Keys.Generate(ctx, req.uri, req.alg)
 	if err != nil {
-		return nil, nil, c.generateFailed(ctx, d, req, err)
+		return nil, nil, c.generateFailed(ctx, st, req, err)
 	}
-	c.step(req.op + " key created")
+	c.step(string(req.op) + " key created")
 	if err := c.recordKey(st, req.op, s, in); err != nil {
 		s.Close()
 		return nil, nil, err
@@ -150,17 +144,31 @@ func (c *Ceremony) generate(ctx context.Context, st *state, req keyRequest) (sig
 	return s, nil, nil
 }
 
+// writeIntent makes in durable before its key is created.
+func (c *Ceremony) writeIntent(st *state, in *intent) error {
+	data, err := json.MarshalIndent(in, "", "  ")
+	if err != nil {
+		return err
+	}
+	f := File{Name: intentName(in.Operation), Data: append(data, '\n'), Mode: 0o644}
+	if _, err := c.commit(st, &plan{files: []File{f}, unrecorded: true}); err != nil {
+		return fmt.Errorf("record the intent to create a key (nothing was created): %w", err)
+	}
+	c.step(string(in.Operation) + " intent recorded")
+	return nil
+}
+
 // generateFailed removes the intent record of a failed Generate unless a
 // key exists at the URI after all (then a re-run sorts it out), so that
 // a key someone else puts there later is never taken for ours.
-func (c *Ceremony) generateFailed(ctx context.Context, d Dir, req keyRequest, cause error) error {
+func (c *Ceremony) generateFailed(ctx context.Context, st *state, req keyRequest, cause error) error {
 	s, err := c.Keys.Open(ctx, req.uri)
 	if err == nil {
 		s.Close()
 	}
 	if errors.Is(err, signer.ErrKeyNotFound) || errors.Is(cause, signer.ErrKeyExists) {
-		if rerr := d.Remove(intentName(req.op)); rerr != nil {
-			return fmt.Errorf("create key: %w (and removing %s failed: %w)", cause, d.Path(intentName(req.op)), rerr)
+		if rerr := c.removeIntent(st, req.op); rerr != nil {
+			return fmt.Errorf("create key: %w (and %w)", cause, rerr)
 		}
 	}
 	return fmt.Errorf("create key: %w", cause)
@@ -168,36 +176,38 @@ func (c *Ceremony) generateFailed(ctx context.Context, d Dir, req keyRequest, ca
 
 // recordKey writes the key receipt of op for s and then removes the
 // intent record: from then on the receipt vouches for the key.
-func (c *Ceremony) recordKey(st *state, op string, s signer.Signer, in *intent) error {
-	d := st.dir
-	r := newReceipt(op, c.Version, c.now(), s.Describe())
+func (c *Ceremony) recordKey(st *state, op Operation, s signer.Signer, in *intent) error {
+	r := newReceipt(op, s.Describe())
 	r.Details = map[string]string{"algorithm": string(in.Algorithm), "intentRecorded": in.Time.UTC().Format(time.RFC3339Nano)}
-	rf, err := st.receiptFile(r, c.Rand)
-	if err == nil {
-		err = WriteSet(d, []File{rf}, false)
-	}
-	if err != nil {
+	if _, err := c.commit(st, &plan{receipt: r}); err != nil {
 		desc := s.Describe()
 		return &KeyNotRecordedError{Operation: op, Fingerprint: desc.Fingerprint, Location: desc.Location, Err: err}
 	}
-	st.add(r)
-	c.step(op + " key recorded")
+	c.step(string(op) + " key recorded")
 	return c.dropIntent(st, op)
 }
 
 // dropIntent removes the intent record of op once a receipt vouches for
 // the key.
-func (c *Ceremony) dropIntent(st *state, op string) error {
-	if err := st.dir.Remove(intentName(op)); err != nil {
-		return fmt.Errorf("the key is recorded in %s, but its intent record could not be removed: %w; remove %s", st.dir.Path(certdir.DirReceipts), err, st.dir.Path(intentName(op)))
+func (c *Ceremony) dropIntent(st *state, op Operation) error {
+	if err := c.removeIntent(st, op); err != nil {
+		return fmt.Errorf("the key is recorded in %s, but %w", st.dir.Path(certdir.DirReceipts), err)
 	}
-	delete(st.intents, op)
-	c.step(op + " intent removed")
+	c.step(string(op) + " intent removed")
 	return nil
 }
 
-// sameAlgorithm reports whether the key described by d has algorithm a
-// ("ECDSA-P256" is p256).
-func sameAlgorithm(d signer.Description, a signer.Algorithm) bool {
-	return strings.EqualFold(strings.ReplaceAll(d.Algorithm, "-", ""), algName(a))
+// removeIntent removes the intent record of op.
+func (c *Ceremony) removeIntent(st *state, op Operation) error {
+	if _, err := c.commit(st, &plan{files: []File{{Name: intentName(op), Remove: true}}, unrecorded: true}); err != nil {
+		return fmt.Errorf("its intent record could not be removed: %w", err)
+	}
+	delete(st.intents, op)
+	return nil
+}
+
+// hasAlgorithm reports whether s's key is of algorithm a.
+func hasAlgorithm(s signer.Signer, a signer.Algorithm) bool {
+	got, err := signer.AlgorithmOf(s.Public())
+	return err == nil && got == a
 }

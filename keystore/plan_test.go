@@ -10,9 +10,9 @@ import (
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 // The plans are pure: these tests build states in memory and never touch
@@ -20,7 +20,7 @@ import (
 
 func testCA(t *testing.T) (*signer.Description, []byte) {
 	t.Helper()
-	key, err := file.GenerateKey(rand.Reader, signer.ECDSAP256)
+	key, err := keyutil.GenerateKey(rand.Reader, signer.ECDSAP256)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func testCA(t *testing.T) (*signer.Description, []byte) {
 }
 
 func emptyState() *state {
-	return &state{dir: OSDir{Root: "/plan"}, files: map[string][]byte{}, intents: map[string]*intent{}}
+	return &state{dir: OSDir{Root: "/plan"}, files: map[string][]byte{}, intents: map[Operation]*intent{}}
 }
 
 // withFiles returns a state holding files (parsed as readState does).
@@ -166,8 +166,8 @@ func TestFinishing(t *testing.T) {
 			if last := p.files[len(p.files)-1]; last.Name != certdir.FileNextCACert || !last.Remove {
 				t.Errorf("the last step is %+v, want the removal of %s", last, certdir.FileNextCACert)
 			}
-			if tt.wantFiles > 0 && (len(p.files) != tt.wantFiles || !p.recorded) {
-				t.Errorf("after a recorded finish: files %v, recorded %v", fileNames(OSDir{Root: "/nowhere"}, p.files), p.recorded)
+			if tt.wantFiles > 0 && (len(p.files) != tt.wantFiles || !p.unrecorded) {
+				t.Errorf("after a recorded finish: files %v, unrecorded %v", fileNames(OSDir{Root: "/nowhere"}, p.files), p.unrecorded)
 			}
 		})
 	}
@@ -183,13 +183,15 @@ func TestPlanIssue(t *testing.T) {
 	is := issuance{
 		op: "server-cert", key: *desc, cert: ca,
 		details: map[string]string{"sans": "10.0.0.1"},
-		outputs: []Placed{
+		outputs: []placement{
 			{Dir: dir, File: File{Name: certdir.FileServerKey}},
 			{Dir: dir, File: File{Name: certdir.FileServerCert}},
 		},
 	}
 	now := time.Date(2026, 6, 1, 12, 0, 0, 0, time.FixedZone("x", 3600))
-	r := planIssue(is, now, "v1")
+	p := is.plan()
+	stampReceipt(p, dir, now, "v1")
+	r := p.receipt
 	want := []string{"/nowhere/" + certdir.FileServerKey, "/nowhere/" + certdir.FileServerCert}
 	switch {
 	case r.Operation != "server-cert" || r.ToolVersion != "v1" || !r.Time.Equal(now) || r.Time.Location() != time.UTC:

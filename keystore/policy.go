@@ -8,11 +8,8 @@ import (
 	"strings"
 
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
-
-// Receipt operation of an approval.
-const opPolicyApprove = "policy.approve"
 
 // ApproveOptions configures Approve.
 type ApproveOptions struct {
@@ -22,7 +19,7 @@ type ApproveOptions struct {
 	// (tpm.KeyBinding of its blob, tpm.CreationBinding of a key about to
 	// be made): the approval signs its policyRef, and a selection it does
 	// not accept is refused. Required.
-	Binding tpm.Binding
+	Binding tpmpolicy.Binding
 	// PCRs and Values are the approved sha256 PCR state, in PCR order.
 	PCRs   []int
 	Values [][]byte
@@ -37,6 +34,9 @@ type ApproveOptions struct {
 	Out Target
 	// Force allows replacing Out.
 	Force bool
+	// Epoch is the revocation epoch to approve at, for a revocable key
+	// (Binding.Revocable): its counter's current value. 0 for other keys.
+	Epoch uint64
 }
 
 // Approve signs an approval of a PCR state with the policy authority and
@@ -48,31 +48,44 @@ func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) 
 	if err := c.check(); err != nil {
 		return nil, err
 	}
-	auth, err := c.Keys.Open(ctx, o.AuthorityURI)
+	p, err := c.planApproval(ctx, o)
 	if err != nil {
-		return nil, fmt.Errorf("policy approve: open the policy authority: %w%s", err, AuthorityHint(err))
+		return nil, fmt.Errorf("policy approve: %w", err)
+	}
+	res, err := c.record(receipts, p)
+	if err != nil {
+		return nil, fmt.Errorf("policy approve: %w", err)
+	}
+	return res, nil
+}
+
+// planApproval signs the approval o asks for with the policy authority
+// and plans its file and receipt.
+func (c *Ceremony) planApproval(ctx context.Context, o ApproveOptions) (*plan, error) {
+	auth, err := c.Keys.Open(signer.WithKeyRole(ctx, signer.RoleAuthority), o.AuthorityURI)
+	if err != nil {
+		return nil, fmt.Errorf("open the policy authority: %w%s", err, AuthorityHint(err))
 	}
 	defer auth.Close()
 	approvedBy := o.ApprovedBy
 	if approvedBy == "" {
 		approvedBy = auth.Describe().Fingerprint
 	}
-	a, err := tpm.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpm.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
-	if err != nil {
-		return nil, fmt.Errorf("policy approve: %w", err)
-	}
-	data, err := tpm.MarshalApprovals(a)
+	a, err := tpmpolicy.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpmpolicy.ApprovalMeta{Epoch: o.Epoch, ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
 	if err != nil {
 		return nil, err
 	}
-	out := Placed{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}
-	details := approvalDetails(a, o.Source)
-	details["binding"] = o.Binding.String()
-	r, err := c.commitApproval(receipts, auth.Describe(), details, out)
+	data, err := tpmpolicy.MarshalApprovals(a)
 	if err != nil {
-		return nil, fmt.Errorf("policy approve: %w", err)
+		return nil, err
 	}
-	return &Outcome{Receipt: r, Written: r.Files, Notes: []string{
+	r := newReceipt(opPolicyApprove, auth.Describe())
+	r.Details = approvalDetails(a, o.Source)
+	r.Details["binding"] = o.Binding.String()
+	if a.Epoch != 0 {
+		r.Details["epoch"] = strconv.FormatUint(a.Epoch, 10)
+	}
+	return &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}}, notes: []string{
 		"approval of sha256:" + pcrString(a.PCRs) + " (PolicyPCR digest " + a.Pol + ", policyRef " + strconv.Quote(a.Ref) + ") by authority " + a.PKFP + "; copy it into the approvals directory of every node in this PCR state (a ConfigMap is fine: it is not secret)",
 	}}, nil
 }
@@ -86,25 +99,8 @@ func AuthorityHint(err error) string {
 	return "; to create a policy authority key (offline, or on an HSM): steward-trustd-ceremony policy authority create --key file:/offline/authority.key [--algorithm rsa3072 to share it with systemd-measure] --public-out authority.pub"
 }
 
-// commitApproval writes the approval file, then its receipt, as one unit
-// (WritePlaced), under the receipts directory's lock.
-func (c *Ceremony) commitApproval(receipts Dir, authority signer.Description, details map[string]string, out Placed) (Receipt, error) {
-	st, unlock, err := c.begin(receipts)
-	if err != nil {
-		return Receipt{}, err
-	}
-	defer unlock()
-	r := newReceipt(opPolicyApprove, c.Version, c.now(), authority)
-	r.Files, r.Details = []string{out.path()}, details
-	rf, err := st.receiptFile(r, c.Rand)
-	if err != nil {
-		return Receipt{}, err
-	}
-	return r, WritePlaced([]Placed{out, {Dir: receipts, File: rf}})
-}
-
 // approvalDetails are the receipt details of an approval.
-func approvalDetails(a *tpm.Approval, source string) map[string]string {
+func approvalDetails(a *tpmpolicy.Approval, source string) map[string]string {
 	d := map[string]string{"pcrs": pcrString(a.PCRs), "pol": a.Pol, "ref": a.Ref, "authority": a.PKFP, "source": source}
 	for p, v := range a.PCRValues {
 		d["pcr"+p] = v

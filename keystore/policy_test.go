@@ -12,7 +12,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 func TestApprove(t *testing.T) {
@@ -39,7 +39,7 @@ func TestApprove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f tpm.ApprovalFile
+	var f tpmpolicy.ApprovalFile
 	if err := json.Unmarshal(readFile(t, filepath.Join(approvals.Root, "bios.json")), &f); err != nil || len(f.SHA256) != 1 {
 		t.Fatalf("approval file: %v", err)
 	}
@@ -75,9 +75,9 @@ func checkApproveRefusesOtherSelection(t *testing.T, c *keystore.Ceremony, recei
 	}
 }
 
-func pcr7Binding(t *testing.T) tpm.Binding {
+func pcr7Binding(t *testing.T) tpmpolicy.Binding {
 	t.Helper()
-	b, err := tpm.BindingForPCRs([]int{7})
+	b, err := tpmpolicy.BindingForPCRs([]int{7})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package keystore
 
 import (
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
+	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -20,14 +22,8 @@ import (
 type Receipt struct {
 	// Time of the operation, UTC.
 	Time time.Time `json:"time"`
-	// Operation is "init", "init.key", "import", "sign-csr", "talosconfig",
-	// "server-cert", "rotate", "rotate.key", "rotate.finish", or in the
-	// tiered setup "intermediate.key", "intermediate.request",
-	// "intermediate.sign" or "intermediate.rotate.finish", and for key
-	// attestation "intermediate.attest", "intermediate.enrol",
-	// "intermediate.install", "intermediate.confirm", "attest", "attest.respond",
-	// "verify-attestation" or "verify-attestation.activation".
-	Operation string `json:"operation"`
+	// Operation names the operation (keystore/operation.go lists them).
+	Operation Operation `json:"operation"`
 	// ToolVersion is the ceremony binary's version.
 	ToolVersion string `json:"toolVersion"`
 	// Backend, KeyAlgorithm, KeyFingerprint, KeyLocation and Extractable
@@ -54,11 +50,11 @@ type Receipt struct {
 	Details map[string]string `json:"details,omitempty"`
 }
 
-func newReceipt(op, version string, now time.Time, d signer.Description) Receipt {
+// newReceipt is a receipt of op with key d; commit stamps its time, the
+// tool's version and its files.
+func newReceipt(op Operation, d signer.Description) Receipt {
 	return Receipt{
-		Time:           now.UTC(),
 		Operation:      op,
-		ToolVersion:    version,
 		Backend:        d.Backend,
 		KeyAlgorithm:   d.Algorithm,
 		KeyFingerprint: d.Fingerprint,
@@ -67,6 +63,14 @@ func newReceipt(op, version string, now time.Time, d signer.Description) Receipt
 		Policy:         d.Policy,
 		PolicyDigest:   d.PolicyDigest,
 	}
+}
+
+// certReceipt records the certificate c an operation issued or used.
+func certReceipt(r *Receipt, c *x509.Certificate) {
+	r.CertificateFingerprint = pki.CertFingerprint(c)
+	r.CertificateSubject = c.Subject.String()
+	r.CertificateSerial = c.SerialNumber.Text(16)
+	r.CertificateNotAfter = c.NotAfter.UTC()
 }
 
 // receiptFile renders r as a File under certdir.DirReceipts. The name starts

@@ -25,6 +25,9 @@ type RotateOptions struct {
 	Algorithm signer.Algorithm
 	// Validity of the new CA; zero means pki.DefaultCAValidity.
 	Validity time.Duration
+	// Authorities, if any, create the new TPM key under policy
+	// authorities.
+	Authorities Authorities
 }
 
 // Rotate starts a CA rotation in the ceremony directory d: it creates a
@@ -110,7 +113,7 @@ func (c *Ceremony) rotateNew(ctx context.Context, st *state, o RotateOptions, cu
 // rotateKey creates or resumes the new key. With os-ca.next.crt present
 // only that rotation's key may continue it.
 func (c *Ceremony) rotateKey(ctx context.Context, st *state, o RotateOptions, cur *x509.Certificate) (signer.Signer, []string, error) {
-	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opRotateKey, uri: o.NewSignerURI, alg: o.Algorithm, resumeOnly: st.next != nil})
+	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opRotateKey, uri: o.NewSignerURI, alg: o.Algorithm, resumeOnly: st.next != nil, authorities: o.Authorities})
 	inProgress := func() error {
 		return fmt.Errorf("a rotation to CA %s is already in progress (%s) with another key; re-run with its --new-signer, or finish it with `rotate --finish` first", pki.CertFingerprint(st.next), st.dir.Path(certdir.FileNextCACert))
 	}
@@ -151,7 +154,7 @@ func planRotate(st *state, key signer.Description, resumed []string, next *x509.
 	if err != nil {
 		return nil, err
 	}
-	p := &plan{op: "rotate", resumed: resumed}
+	p := &plan{op: string(opRotate), resumed: resumed}
 	if st.next != nil {
 		p.resumed = append(p.resumed, st.dir.Path(certdir.FileNextCACert)+" was already issued")
 	}
@@ -161,12 +164,12 @@ func planRotate(st *state, key signer.Description, resumed []string, next *x509.
 		return nil, err
 	}
 	files = append([]File{{Name: certdir.FileNextCACert, Data: pki.EncodeCertificates(next), Mode: 0o644}}, files...)
-	if st.matches(files) && st.receipt("rotate", key.Fingerprint, pki.CertFingerprint(next)) != nil {
+	if st.matches(files) && st.receipt(opRotate, key.Fingerprint, pki.CertFingerprint(next)) != nil {
 		p.alreadyDone = true
 		return p, nil
 	}
 	p.files = files
-	p.receipt = newReceipt("rotate", "", time.Time{}, key)
+	p.receipt = newReceipt(opRotate, key)
 	certReceipt(&p.receipt, next)
 	p.receipt.Details = map[string]string{"currentCAFingerprint": pki.CertFingerprint(cur), "statementSequence": strconv.FormatUint(statement.seq, 10)}
 	d := st.dir
@@ -242,7 +245,7 @@ type finish struct {
 // finishing reads where a finish stands from the state.
 func finishing(st *state) (*finish, error) {
 	if st.next == nil {
-		if st.ca != nil && st.receipt("rotate.finish", "", pki.CertFingerprint(st.ca)) != nil {
+		if st.ca != nil && st.receipt(opRotateDone, "", pki.CertFingerprint(st.ca)) != nil {
 			return &finish{next: st.ca, switched: true, done: true}, nil
 		}
 		return nil, fmt.Errorf("%w (%s is missing)", ErrNoRotation, st.dir.Path(certdir.FileNextCACert))
@@ -254,7 +257,7 @@ func finishing(st *state) (*finish, error) {
 	f := &finish{next: st.next, retired: pki.CertFingerprint(cur), switched: cur.Equal(st.next)}
 	if f.switched {
 		f.retired = ""
-		if r := st.receipt("rotate", "", pki.CertFingerprint(st.next)); r != nil {
+		if r := st.receipt(opRotate, "", pki.CertFingerprint(st.next)); r != nil {
 			f.retired = r.Details["currentCAFingerprint"]
 		}
 	}
@@ -314,15 +317,15 @@ func planFinish(st *state, f *finish, key signer.Description, server map[string]
 		return nil, err
 	}
 	files = append(append(files, cluster...), File{Name: certdir.FileNextCACert, Remove: true})
-	if f.switched && st.receipt("rotate.finish", key.Fingerprint, pki.CertFingerprint(f.next)) != nil {
+	if f.switched && st.receipt(opRotateDone, key.Fingerprint, pki.CertFingerprint(f.next)) != nil {
 		// The earlier run was killed after its receipt: only the
 		// removals are left.
 		p.resumed = []string{"the finish was recorded by an earlier run; the files it removes are removed now"}
 		files = removals(files)
-		p.recorded = true
+		p.unrecorded = true
 	}
 	p.files = files
-	p.receipt = newReceipt("rotate.finish", "", time.Time{}, key)
+	p.receipt = newReceipt(opRotateDone, key)
 	certReceipt(&p.receipt, f.next)
 	p.receipt.Details = map[string]string{"retiredCAFingerprint": f.retired}
 	d := st.dir

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -39,14 +40,17 @@ type state struct {
 	receipts     []Receipt
 	receiptNames int
 	// intents are the outstanding key intent records, by operation.
-	intents map[string]*intent
+	intents map[Operation]*intent
 	// cleaned says which stale temporary files were removed.
 	cleaned []string
+	// earlier is what the operation committed before its own files (an
+	// approval for the key it creates), for its Outcome.
+	earlier Outcome
 }
 
 // readState reads the ceremony directory d.
 func readState(d Dir) (*state, error) {
-	st := &state{dir: d, files: map[string][]byte{}, intents: map[string]*intent{}}
+	st := &state{dir: d, files: map[string][]byte{}, intents: map[Operation]*intent{}}
 	for _, n := range clusterFileNames {
 		b, err := readOptional(d, n)
 		if err != nil {
@@ -67,7 +71,7 @@ func readState(d Dir) (*state, error) {
 	if st.receipts, err = ReadReceipts(d); err != nil {
 		return nil, err
 	}
-	for _, op := range []string{opInitKey, opRotateKey, opIntermediateKey} {
+	for _, op := range []Operation{opInitKey, opRotateKey, opIntermediateKey} {
 		in, err := readIntent(d, op)
 		if err != nil {
 			return nil, err
@@ -133,7 +137,7 @@ func (st *state) has(names ...string) bool {
 
 // receipt returns the newest receipt of operation op for the key
 // fingerprint keyFP and, unless certFP is empty, that certificate.
-func (st *state) receipt(op, keyFP, certFP string) *Receipt {
+func (st *state) receipt(op Operation, keyFP, certFP string) *Receipt {
 	for i := len(st.receipts) - 1; i >= 0; i-- {
 		r := &st.receipts[i]
 		if r.Operation == op && (keyFP == "" || r.KeyFingerprint == keyFP) && (certFP == "" || r.CertificateFingerprint == certFP) {
@@ -141,6 +145,17 @@ func (st *state) receipt(op, keyFP, certFP string) *Receipt {
 		}
 	}
 	return nil
+}
+
+// recorded reports whether a receipt of operation op lists the file at
+// path (an absolute path, as receipts list them).
+func (st *state) recorded(op Operation, path string) bool {
+	for _, r := range st.receipts {
+		if r.Operation == op && slices.Contains(r.Files, path) {
+			return true
+		}
+	}
+	return false
 }
 
 // matches reports whether the directory already holds exactly files

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
@@ -60,11 +59,11 @@ func (c *Ceremony) Trust(ctx context.Context, d Dir, o TrustOptions) (*Outcome, 
 	return c.commit(st, p)
 }
 
-func trustOp(remove bool) string {
+func trustOp(remove bool) Operation {
 	if remove {
-		return "trust.remove"
+		return opTrustDrop
 	}
-	return "trust.add"
+	return opTrustAdd
 }
 
 // trustChange checks o against the state and returns the accepted CAs
@@ -96,7 +95,7 @@ func planTrust(st *state, o TrustOptions, key signer.Description, accepted []*x5
 		return nil, err
 	}
 	op := trustOp(o.Remove)
-	p := &plan{op: op}
+	p := &plan{op: string(op)}
 	files, err := clusterFiles(secretCluster(cur), cur, accepted, token, st.serverFiles(), statement.data)
 	if err != nil {
 		return nil, err
@@ -106,7 +105,7 @@ func planTrust(st *state, o TrustOptions, key signer.Description, accepted []*x5
 		return p, nil
 	}
 	p.files = files
-	p.receipt = newReceipt(op, "", time.Time{}, key)
+	p.receipt = newReceipt(op, key)
 	certReceipt(&p.receipt, o.CA)
 	p.receipt.Details = map[string]string{"rootFingerprint": pki.CertFingerprint(cur), "statementSequence": strconv.FormatUint(statement.seq, 10), "vouchedCAs": strconv.Itoa(len(accepted))}
 	p.notes = []string{

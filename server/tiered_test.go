@@ -182,7 +182,7 @@ func TestReloadIssuerChain(t *testing.T) {
 		t.Fatal("a ClientAuth intermediate replaced the running one")
 	}
 	// A renewed intermediate for the same key: installed.
-	renewed, err := pki.NewIntermediateCertificate(tt.root.cert, tt.root.signer, tt.inter.signer.Public(), pki.IntermediateOptions{Validity: 48 * time.Hour}, time.Now(), rand.Reader)
+	renewed, err := pki.NewIntermediateCertificate(tt.root.cert, tt.root.signer, tt.inter.signer.Public(), pki.IntermediateOptions{Subject: pkix.Name{CommonName: "node-a"}, Validity: 48 * time.Hour}, time.Now(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestSelfIssuerFollowsIssuerChain(t *testing.T) {
 		t.Fatal("a fresh certificate is due")
 	}
 	_, ranges, _ := net.ParseCIDR("127.0.0.0/8")
-	renewed, err := pki.NewIntermediateCertificate(tt.root.cert, tt.root.signer, tt.inter.signer.Public(), pki.IntermediateOptions{PermittedIPRanges: []*net.IPNet{ranges}}, time.Now(), rand.Reader)
+	renewed, err := pki.NewIntermediateCertificate(tt.root.cert, tt.root.signer, tt.inter.signer.Public(), pki.IntermediateOptions{Subject: pkix.Name{CommonName: "node-a"}, PermittedIPRanges: []*net.IPNet{ranges}}, time.Now(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +287,7 @@ func TestIssuerFile(t *testing.T) {
 
 func TestLogIssuerWarnsBeforeExpiry(t *testing.T) {
 	tt := newTestTier(t, nil)
-	short, err := pki.NewIntermediateCertificate(tt.root.cert, tt.root.signer, tt.inter.signer.Public(), pki.IntermediateOptions{Validity: 48 * time.Hour}, time.Now(), rand.Reader)
+	short, err := pki.NewIntermediateCertificate(tt.root.cert, tt.root.signer, tt.inter.signer.Public(), pki.IntermediateOptions{Subject: pkix.Name{CommonName: "node-a"}, Validity: 48 * time.Hour}, time.Now(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}

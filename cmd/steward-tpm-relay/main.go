@@ -30,6 +30,7 @@ import (
 	"github.com/google/go-tpm/tpm2"
 	"github.com/spf13/cobra"
 
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"github.com/steward-trustd/steward-trustd/tpmsim/relay"
 )
 
@@ -37,14 +38,8 @@ import (
 var version = "dev"
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
-
-// usageError is a bad command line: exit status 2.
-type usageError struct{ err error }
-
-func (e *usageError) Error() string { return e.err.Error() }
-func (e *usageError) Unwrap() error { return e.err }
 
 type options struct {
 	listen     string
@@ -54,40 +49,26 @@ type options struct {
 	debug      bool
 }
 
-func run(args []string, stderr io.Writer) int {
+// run is main without the process.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var o options
 	cmd := &cobra.Command{
-		Use:           "steward-tpm-relay --upstream SWTPM-SOCKET --listen SOCKET [--latency COMMAND=DURATION ...]",
-		Short:         "Share one swtpm between processes, optionally as slow as a real TPM chip",
-		Version:       version,
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		Args:          cobra.NoArgs,
+		Use:   "steward-tpm-relay --upstream SWTPM-SOCKET --listen SOCKET [--latency COMMAND=DURATION ...]",
+		Short: "Share one swtpm between processes, optionally as slow as a real TPM chip",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
 			return serve(ctx, o, stderr)
 		},
 	}
-	cmd.SetArgs(args)
-	cmd.SetOut(stderr)
-	cmd.SetErr(stderr)
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", "", "where clients connect: a unix socket path, or 127.0.0.1:PORT (required)")
 	f.StringVar(&o.tctiListen, "tcti-listen", "", "also serve tpm2-tools' swtpm TCTI on this loopback address, 127.0.0.1:PORT (data) and PORT+1 (control channel); port 0 picks a free pair")
 	f.StringVar(&o.upstream, "upstream", "", "swtpm's data socket (swtpm socket --server type=unixio,path=...), or HOST:PORT for --server type=tcp (required)")
 	f.StringArrayVar(&o.latency, "latency", nil, "add device time to a TPM command, e.g. Sign=60ms (a discrete chip) or 0x15D=60ms; repeatable")
 	f.BoolVar(&o.debug, "log-commands", false, "log every TPM command with its response code and time (debug level)")
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
-	if err := cmd.ExecuteContext(context.Background()); err != nil {
-		fmt.Fprintln(stderr, "steward-tpm-relay:", err)
-		var u *usageError
-		if errors.As(err, &u) || strings.Contains(err.Error(), "unknown command") {
-			return 2
-		}
-		return 1
-	}
-	return 0
+	cli.Setup(cmd, version)
+	return cli.Run(ctx, cmd, args, stdout, stderr)
 }
 
 func serve(ctx context.Context, o options, stderr io.Writer) error {
@@ -131,7 +112,7 @@ func serveTCTI(r *relay.Relay, addr string, log *slog.Logger) (func(), error) {
 	}
 	data, ctrl, err := relay.ListenTCTI(addr)
 	if errors.Is(err, relay.ErrNotLoopback) {
-		return nil, &usageError{fmt.Errorf("--tcti-listen %s: %w", addr, err)}
+		return nil, cli.Usagef("--tcti-listen %s: %w", addr, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("--tcti-listen %s: %w", addr, err)
@@ -153,13 +134,13 @@ func serveTCTI(r *relay.Relay, addr string, log *slog.Logger) (func(), error) {
 
 func (o options) parse() (map[tpm2.TPMCC]time.Duration, error) {
 	if o.listen == "" || o.upstream == "" {
-		return nil, &usageError{errors.New("--listen and --upstream are required")}
+		return nil, cli.Usagef("--listen and --upstream are required")
 	}
 	var latency map[tpm2.TPMCC]time.Duration
 	for _, spec := range o.latency {
 		var err error
 		if latency, err = relay.ParseLatency(latency, spec); err != nil {
-			return nil, &usageError{fmt.Errorf("--latency: %w", err)}
+			return nil, cli.Usagef("--latency: %w", err)
 		}
 	}
 	return latency, nil
@@ -174,7 +155,7 @@ func network(addr string) (string, error) {
 		return "unix", nil
 	}
 	if !ap.Addr().IsLoopback() {
-		return "", &usageError{fmt.Errorf("%s: only loopback TCP addresses; use a unix socket otherwise", addr)}
+		return "", cli.Usagef("%s: only loopback TCP addresses; use a unix socket otherwise", addr)
 	}
 	return "tcp", nil
 }

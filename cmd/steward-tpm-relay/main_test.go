@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -17,12 +18,14 @@ import (
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
 
+	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
 
 func TestUsageErrors(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		args []string
 		want string
@@ -31,15 +34,38 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--listen", "x", "--upstream", "y", "--latency", "Frob=1ms"}, "unknown TPM command"},
 		{[]string{"--listen", "10.0.0.1:2321", "--upstream", "y"}, "only loopback"},
 		{[]string{"--bogus"}, "unknown flag"},
-		{[]string{"extra"}, "unknown command"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			t.Parallel()
 			var stderr bytes.Buffer
-			if code := run(c.args, &stderr); code != 2 || !strings.Contains(stderr.String(), c.want) {
+			if code := run(context.Background(), c.args, io.Discard, &stderr); code != cli.ExitUsage || !strings.Contains(stderr.String(), c.want) {
 				t.Fatalf("exit %d, stderr %q; want 2 and %q", code, stderr.String(), c.want)
 			}
 		})
+	}
+}
+
+// TestCommandLineIdiom: the relay shares the other binaries' command-line
+// idiom (cmd/internal/cli): --version, one-dash long flags, completion.
+func TestCommandLineIdiom(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{[]string{"--version"}, cli.ExitOK, "steward-tpm-relay version dev (go", ""},
+		{[]string{"--help"}, cli.ExitOK, "--latency", ""},
+		{[]string{"completion", "bash"}, cli.ExitOK, "__start_steward-tpm-relay", ""},
+		{[]string{"-listen", "x"}, cli.ExitUsage, "", "run 'steward-tpm-relay --help' for usage"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), c.args, &stdout, &stderr); code != c.code || !strings.Contains(stdout.String(), c.stdout) || !strings.Contains(stderr.String(), c.stderr) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d, %q, %q", c.args, code, stdout.String(), stderr.String(), c.code, c.stdout, c.stderr)
+		}
 	}
 }
 

@@ -33,6 +33,7 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/pkcs11"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // policyAuthorityUsage is the help of --policy-authority.
@@ -63,68 +64,23 @@ func (e *environment) tpmBackend(stderr io.Writer) *tpm.Backend {
 	return &tpm.Backend{Dial: dial, Logger: e.warnings.logger(stderr)}
 }
 
-// underAuthorities prepares the creation of a key under the policy
-// authorities auths: it approves the TPM's current PCR values with the
-// first authority (before the key exists, so that the ceremony can sign
-// with it at once) and returns uri with the authorities' public keys.
-// A re-run finds its approval in place and does not sign a second one.
-func (e *environment) underAuthorities(ctx context.Context, stdout, stderr io.Writer, uri string, auths []string, receiptsDir string) (string, error) {
+// authorities checks --policy-authority against the key URI and returns
+// keystore's request for it: keystore approves the TPM's current PCR
+// values with the first authority and creates the key under them, under
+// the ceremony directory's lock, resuming an interrupted run.
+func (e *environment) authorities(stderr io.Writer, uri string, auths []string) (keystore.Authorities, error) {
 	if len(auths) == 0 {
-		return uri, nil
+		return keystore.Authorities{}, nil
 	}
 	if !tpm.IsKeyURI(uri) {
-		return "", cli.Usagef("--policy-authority applies to tpm: keys only")
+		return keystore.Authorities{}, cli.Usagef("--policy-authority applies to tpm: keys only")
 	}
 	if u, err := tpm.ParseURI(uri); err != nil {
-		return "", cli.Usage(err)
+		return keystore.Authorities{}, cli.Usage(err)
 	} else if u.Approvals == "" {
-		return "", cli.Usagef("--policy-authority: the key URI must name its approvals directory (add ;approvals=/dir)")
+		return keystore.Authorities{}, cli.Usagef("--policy-authority: the key URI must name its approvals directory (add ;approvals=/dir)")
 	}
-	pubs, err := e.authorityKeys(ctx, stderr, auths)
-	if err != nil {
-		return "", err
-	}
-	out, err := tpm.WithAuthorities(uri, pubs)
-	if err != nil {
-		return "", cli.Usage(err)
-	}
-	u, err := tpm.ParseURI(out)
-	if err != nil {
-		return "", cli.Usage(err)
-	}
-	binding, err := tpm.CreationBinding(out)
-	if err != nil {
-		return "", cli.Usage(err)
-	}
-	fmt.Fprintf(stdout, "key policy: %s\n", binding)
-	pcrs, vals, err := e.tpmBackend(stderr).ReadPCRValues(ctx, out)
-	if err != nil {
-		return "", err
-	}
-	pol, err := tpm.PCRPolicyDigest(pcrs, vals)
-	if err != nil {
-		return "", err
-	}
-	name := "initial-" + hex.EncodeToString(pol)[:16] + ".json"
-	if _, err := os.Stat(filepath.Join(u.Approvals, name)); err == nil {
-		fmt.Fprintf(stdout, "resumed: approval %s of the current PCR values exists\n", filepath.Join(u.Approvals, name))
-		return out, nil
-	}
-	d, err := mkdir(u.Approvals)
-	if err != nil {
-		return "", err
-	}
-	receipts, err := mkdir(receiptsDir)
-	if err != nil {
-		return "", err
-	}
-	err = e.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
-		return cer.Approve(ctx, receipts, keystore.ApproveOptions{
-			AuthorityURI: auths[0], Binding: binding, PCRs: pcrs, Values: vals, Source: "tpm",
-			Note: "PCR values when the key was created", Out: keystore.Target{Dir: d, Name: name},
-		})
-	})
-	return out, err
+	return keystore.Authorities{URIs: auths, PCRs: e.tpmBackend(stderr)}, nil
 }
 
 // authorityKeys opens each authority key URI for its public key.
@@ -152,7 +108,7 @@ func policyCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	}
 	authority := &cobra.Command{Use: "authority", Short: "The policy authority's key: create one"}
 	authority.AddCommand(authorityCreateCmd(env, stdout, stderr))
-	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr), authority)
+	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr), revokeCmd(env, stdout, stderr), authority)
 	return c
 }
 
@@ -205,7 +161,7 @@ func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout
 		return fmt.Errorf("create the policy authority: %w", err)
 	}
 	defer s.Close()
-	a, err := tpm.NewAuthority(s.Public())
+	a, err := tpmpolicy.NewAuthority(s.Public())
 	if err != nil {
 		return fmt.Errorf("the new key cannot be a policy authority: %w", err)
 	}
@@ -224,7 +180,7 @@ func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout
 
 // printAuthority says what identifies a new authority and what to do next.
 // A pkcs11: URI is shown with its pin-value redacted.
-func printAuthority(w io.Writer, uri string, a *tpm.Authority) {
+func printAuthority(w io.Writer, uri string, a *tpmpolicy.Authority) {
 	if u, err := pkcs11.ParseURI(uri); err == nil {
 		uri = u.String()
 	}
@@ -243,6 +199,7 @@ type approveFlags struct {
 	note, approvedBy, out, approvals, dir        string
 	pcrs                                         []string
 	force                                        bool
+	epoch                                        uint64
 }
 
 func approveCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -285,6 +242,7 @@ expires: retire it by removing the file from every node.`,
 	fs.StringVar(&f.approvals, "approvals", "", "approvals directory to write into (default: the approvals= of --signer)")
 	fs.StringVar(&f.dir, "dir", "", "directory for the receipt (default: the directory of the approval file)")
 	fs.BoolVar(&f.force, "force", false, "replace an existing approval file")
+	fs.Uint64Var(&f.epoch, "epoch", 0, "revocable keys: the revocation epoch to approve at (the counter's current value; default with --signer: read from its TPM)")
 	return c
 }
 
@@ -310,6 +268,10 @@ func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr
 	if want := binding.PCRs(); want != nil && !slices.Equal(pcrs, want) {
 		return fmt.Errorf("the state to approve selects sha256 PCRs %s, but the key accepts only %s (fixed at creation, bound in its policy); nothing was approved: approve the key's own PCRs", pcrList(pcrs), pcrList(want))
 	}
+	epoch, err := f.approveEpoch(ctx, env, stderr, binding)
+	if err != nil {
+		return err
+	}
 	target, err := f.target(env.clock(), pcrs, vals)
 	if err != nil {
 		return err
@@ -321,24 +283,24 @@ func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr
 	return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 		return cer.Approve(ctx, receipts, keystore.ApproveOptions{
 			AuthorityURI: f.authority, Binding: binding, PCRs: pcrs, Values: vals, Source: source,
-			ApprovedBy: f.approvedBy, Note: f.note, Out: target, Force: f.force,
+			ApprovedBy: f.approvedBy, Note: f.note, Out: target, Force: f.force, Epoch: epoch,
 		})
 	})
 }
 
 // binding reads the binding of the key named by --key or --signer.
-func (f *approveFlags) binding() (tpm.Binding, error) {
+func (f *approveFlags) binding() (tpmpolicy.Binding, error) {
 	uri := f.signer
 	if f.key != "" {
 		abs, err := filepath.Abs(f.key)
 		if err != nil {
-			return tpm.Binding{}, err
+			return tpmpolicy.Binding{}, err
 		}
 		uri = "tpm:path=" + abs
 	}
 	b, _, err := tpm.KeyBinding(uri)
 	if errors.Is(err, signer.ErrInvalidURI) {
-		return tpm.Binding{}, cli.Usage(err)
+		return tpmpolicy.Binding{}, cli.Usage(err)
 	}
 	return b, err
 }
@@ -362,7 +324,7 @@ func (f *approveFlags) checkSources() error {
 // state returns the PCR state to approve from exactly one source: --pcr,
 // --from-quote, or else the TPM of --signer (read over the key's bound
 // selection).
-func (f *approveFlags) state(ctx context.Context, env *environment, stderr io.Writer, b tpm.Binding) ([]int, [][]byte, string, error) {
+func (f *approveFlags) state(ctx context.Context, env *environment, stderr io.Writer, b tpmpolicy.Binding) ([]int, [][]byte, string, error) {
 	switch {
 	case len(f.pcrs) == 0 && f.fromQuote == "":
 		uri, err := tpm.WithPCRs(f.signer, b.PCRs())
@@ -385,8 +347,8 @@ func parsePCRValues(items []string) ([]int, [][]byte, error) {
 	for _, it := range items {
 		k, v, ok := strings.Cut(it, "=")
 		p, err := strconv.Atoi(k)
-		if !ok || err != nil || p < 0 || p > tpm.MaxPCR {
-			return nil, nil, cli.Usagef("--pcr %q: want INDEX=HEX with INDEX 0-%d", it, tpm.MaxPCR)
+		if !ok || err != nil || p < 0 || p > tpmpolicy.MaxPCR {
+			return nil, nil, cli.Usagef("--pcr %q: want INDEX=HEX with INDEX 0-%d", it, tpmpolicy.MaxPCR)
 		}
 		b, err := hex.DecodeString(v)
 		if err != nil || len(b) != 32 {
@@ -402,7 +364,7 @@ func parsePCRValues(items []string) ([]int, [][]byte, error) {
 		pcrs = append(pcrs, p)
 	}
 	slices.Sort(pcrs)
-	if _, err := tpm.ParsePCRs(pcrList(pcrs)); err != nil {
+	if _, err := tpmpolicy.ParsePCRs(pcrList(pcrs)); err != nil {
 		return nil, nil, cli.Usage(err) // a resettable PCR
 	}
 	vals := make([][]byte, len(pcrs))
@@ -429,11 +391,11 @@ func (f *approveFlags) quoted() ([]int, [][]byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	var q tpm.Quote
+	var q tpmpolicy.Quote
 	if err := json.Unmarshal(data, &q); err != nil {
 		return nil, nil, fmt.Errorf("%s: not a quote: %w", f.fromQuote, err)
 	}
-	pcrs, vals, err := tpm.VerifyQuote(&q, ak, nonce)
+	pcrs, vals, err := tpmpolicy.VerifyQuote(&q, ak, nonce)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w; nothing was approved", f.fromQuote, err)
 	}
@@ -504,7 +466,7 @@ func (f *approveFlags) target(now time.Time, pcrs []int, vals [][]byte) (keystor
 	if dir == "" {
 		return keystore.Target{}, cli.Usagef("say where the approval goes: --out FILE or --approvals DIR")
 	}
-	pol, err := tpm.PCRPolicyDigest(pcrs, vals)
+	pol, err := tpmpolicy.PCRPolicyDigest(pcrs, vals)
 	if err != nil {
 		return keystore.Target{}, err
 	}
@@ -569,8 +531,8 @@ func (f *quoteFlags) run(ctx context.Context, env *environment, stdout, stderr i
 		return nil
 	}
 	nonce, err := hex.DecodeString(f.nonce)
-	if err != nil || len(nonce) == 0 || len(nonce) > tpm.MaxNonce {
-		return cli.Usagef("--nonce must be 1 to %d bytes of hex", tpm.MaxNonce)
+	if err != nil || len(nonce) == 0 || len(nonce) > tpmpolicy.MaxNonce {
+		return cli.Usagef("--nonce must be 1 to %d bytes of hex", tpmpolicy.MaxNonce)
 	}
 	q, err := b.Quote(ctx, f.signer, nonce)
 	if err != nil {
@@ -633,6 +595,7 @@ func printSignedPolicy(w io.Writer, r *tpm.PolicyReport) {
 	}
 	slices.Sort(pcrs)
 	fmt.Fprintf(w, "PCR state:    %s (PolicyPCR digest %s)\n", strings.Join(pcrs, " "), r.PolicyPCRDigest)
+	printRevocation(w, r.Revocation)
 	if r.Matching != "" {
 		fmt.Fprintf(w, "approved by:  %s\n", r.Matching)
 	} else {

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
-	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 func TestPolicyUsageErrors(t *testing.T) {
@@ -103,7 +103,7 @@ func TestPrintAuthorityHidesPIN(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpm.NewAuthority(k.Public())
+	a, err := tpmpolicy.NewAuthority(k.Public())
 	if err != nil {
 		t.Fatal(err)
 	}

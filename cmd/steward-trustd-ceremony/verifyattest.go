@@ -12,7 +12,7 @@ import (
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
 	"github.com/steward-trustd/steward-trustd/internal/attestation"
 	"github.com/steward-trustd/steward-trustd/keystore"
-	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // verifyAttestFlags are the flags of verify-attestation.
@@ -43,23 +43,23 @@ func (e *expectFlags) register(c *cobra.Command) {
 
 // selection is the creation PCR selection the flags expect and, for a
 // key under policy authorities, the binding its policy must name.
-func (e *expectFlags) selection() ([]int, tpm.Binding, error) {
+func (e *expectFlags) selection() ([]int, tpmpolicy.Binding, error) {
 	switch {
 	case e.systemd && (len(e.authorities) == 0 || e.pcrs != ""):
-		return nil, tpm.Binding{}, cli.Usagef("--systemd-compatible applies to a key under --policy-authority, and fixes its selection to PCR %d: drop --pcrs", tpm.SystemdPCR)
+		return nil, tpmpolicy.Binding{}, cli.Usagef("--systemd-compatible applies to a key under --policy-authority, and fixes its selection to PCR %d: drop --pcrs", tpmpolicy.SystemdPCR)
 	case e.systemd:
-		return []int{tpm.SystemdPCR}, tpm.SystemdBinding(), nil
+		return []int{tpmpolicy.SystemdPCR}, tpmpolicy.SystemdBinding(), nil
 	}
 	pcrs := []int{attestation.DefaultPCR}
 	if e.pcrs != "" {
 		var err error
-		if pcrs, err = tpm.ParsePCRs(e.pcrs); err != nil {
-			return nil, tpm.Binding{}, cli.Usage(err)
+		if pcrs, err = tpmpolicy.ParsePCRs(e.pcrs); err != nil {
+			return nil, tpmpolicy.Binding{}, cli.Usage(err)
 		}
 	}
-	b, err := tpm.BindingForPCRs(pcrs)
+	b, err := tpmpolicy.BindingForPCRs(pcrs)
 	if err != nil {
-		return nil, tpm.Binding{}, cli.Usage(err)
+		return nil, tpmpolicy.Binding{}, cli.Usage(err)
 	}
 	return pcrs, b, nil
 }
@@ -200,7 +200,7 @@ func (e *expectFlags) expectations(ctx context.Context, env *environment, stderr
 	}
 	// The key's policyRef binds its PCR selection (v2), or is empty
 	// (--systemd-compatible): the expected one.
-	pol, err := tpm.SignedPolicyDigestFor(pubs, b)
+	pol, err := tpmpolicy.SignedPolicyDigestFor(pubs, b)
 	if err != nil {
 		return nil, err
 	}

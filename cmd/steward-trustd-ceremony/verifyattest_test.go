@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
-	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // TestExpectSelection: the verifier expects the selection the key was
@@ -50,7 +50,7 @@ func TestExpectSelection(t *testing.T) {
 
 func mustRef(t *testing.T, pcrs []int) string {
 	t.Helper()
-	b, err := tpm.BindingForPCRs(pcrs)
+	b, err := tpmpolicy.BindingForPCRs(pcrs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,9 +13,9 @@ import (
 	"go.yaml.in/yaml/v4"
 
 	"github.com/steward-trustd/steward-trustd/cmd/internal/cli"
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 var outputs = []string{"os-ca.crt", "os-ca.key", "server.crt", "server.key", "token", "kubernetes-secret.yaml"}
@@ -128,7 +128,7 @@ func checkPair(t *testing.T, dir, keyName, certName string) (*x509.Certificate, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := file.ParsePrivateKeyPEM(readOutput(t, dir, keyName))
+	key, err := keyutil.ParsePrivateKeyPEM(readOutput(t, dir, keyName))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -148,14 +148,16 @@ func TestLoadConfigFrontDoor(t *testing.T) {
 			"TRUSTD_MAX_CONNECTIONS_PER_ADDRESS": "8", "TRUSTD_HANDSHAKE_TIMEOUT": "3s", "TRUSTD_AUTH_TIMEOUT": "7s", "TRUSTD_FIRST_MESSAGE_TIMEOUT": "1s",
 			"TRUSTD_IDLE_TIMEOUT": "20s", "TRUSTD_CONNECTION_AGE_GRACE": "5s", "TRUSTD_MAX_HEADER_BYTES": "4096"},
 			check: func(t *testing.T, c *config) {
-				want := server.ConnLimits{MaxConnections: 100, MaxUnauthenticated: 40, MaxPerAddress: 8, HandshakeTimeout: 3 * time.Second,
-					AuthTimeout: 7 * time.Second, FirstMessageTimeout: time.Second, IdleTimeout: 20 * time.Second, MaxAgeGrace: 5 * time.Second, MaxHeaderBytes: 4096}
+				want := defaultConns()
+				want.MaxConnections, want.MaxUnauthenticated, want.MaxPerAddress, want.MaxHeaderBytes = 100, 40, 8, 4096
+				want.HandshakeTimeout, want.AuthTimeout, want.FirstMessageTimeout = 3*time.Second, 7*time.Second, time.Second
+				want.IdleTimeout, want.MaxAgeGrace = 20*time.Second, 5*time.Second
 				if !reflect.DeepEqual(c.conns, want) {
 					t.Fatalf("%+v", c.conns)
 				}
 			}},
 		{name: "unset connection limits take the defaults", check: func(t *testing.T, c *config) {
-			if !reflect.DeepEqual(c.conns, server.ConnLimits{}) {
+			if !reflect.DeepEqual(c.conns, defaultConns()) {
 				t.Fatalf("%+v", c.conns)
 			}
 		}},
@@ -163,8 +165,9 @@ func TestLoadConfigFrontDoor(t *testing.T) {
 			"TRUSTD_CONNECTION_PREFIXES_V6": "56", "TRUSTD_KNOWN_WORKER_RESERVE": "30", "TRUSTD_KNOWN_WORKER_TTL": "48h", "TRUSTD_EVICTION_GRACE": "3s",
 			"TRUSTD_DEFER_ACCEPT": "off", "TRUSTD_REQUEST_IDLE_TIMEOUT": "1s"},
 			check: func(t *testing.T, c *config) {
-				want := server.ConnLimits{MaxAuthenticatedPerPrefix: 50, PrefixesV4: []int{24, 20}, PrefixesV6: []int{56}, KnownWorkerReserve: 30,
-					KnownWorkerTTL: 48 * time.Hour, EvictionGrace: 3 * time.Second, DeferAccept: -1, RequestIdleTimeout: time.Second}
+				want := defaultConns()
+				want.MaxAuthenticatedPerPrefix, want.PrefixesV4, want.PrefixesV6, want.KnownWorkerReserve = 50, []int{24, 20}, []int{56}, 30
+				want.KnownWorkerTTL, want.EvictionGrace, want.DeferAccept, want.RequestIdleTimeout = 48*time.Hour, 3*time.Second, -1, time.Second
 				if !reflect.DeepEqual(c.conns, want) {
 					t.Fatalf("%+v", c.conns)
 				}
@@ -183,4 +186,14 @@ func TestLoadConfigFrontDoor(t *testing.T) {
 			}
 		}},
 	})
+}
+
+// defaultConns is the connection limits of an empty configuration: the
+// server's documented defaults (server.ConnLimits), with the budgets that
+// follow from MaxConnections left to the server.
+func defaultConns() server.ConnLimits {
+	return server.ConnLimits{MaxConnections: 2048, MaxPerAddress: 64, PrefixesV4: []int{24, 16}, PrefixesV6: []int{64, 48},
+		KnownWorkerTTL: 25 * time.Hour, EvictionGrace: 2 * time.Second, DeferAccept: 3 * time.Second, HandshakeTimeout: 5 * time.Second,
+		AuthTimeout: 10 * time.Second, RequestIdleTimeout: 2 * time.Second, FirstMessageTimeout: 2 * time.Second, IdleTimeout: 30 * time.Second,
+		MaxAgeGrace: 10 * time.Second, MaxHeaderBytes: 8192}
 }

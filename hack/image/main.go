@@ -54,19 +54,26 @@ func run(args []string) error {
 	var bins platformBins
 	fs.Var(&bins, "bin", "linux/ARCH=DIR: DIR holds that platform's steward-trustd, -ceremony and -gencreds (repeatable)")
 	unpackTo := fs.String("unpack", "", "instead of building: extract the linux/-arch image tagged -tag from the layout -out into this directory")
-	unpackArch := fs.String("arch", "", "with -unpack: the architecture (amd64, arm64)")
+	unpackArch := fs.String("arch", "", "with -unpack or -data: the architecture (amd64, arm64)")
+	data := fs.String("data", "", "instead of building steward-trustd: write to -out an image holding only this directory's files, read-only and owned by root, for a Pod's image volume (e.g. a PKCS#11 module and its libraries)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *unpackTo != "" {
 		return unpack(*out, *tag, *unpackArch, *unpackTo)
 	}
-	if *out == "" || len(bins) == 0 {
-		return fmt.Errorf("need -out and at least one -bin")
-	}
 	created, err := sourceDate()
 	if err != nil {
 		return err
+	}
+	if *data != "" {
+		if *out == "" || *unpackArch == "" {
+			return fmt.Errorf("-data needs -out and -arch")
+		}
+		return buildData(dataSpec{dir: *data, out: *out, tag: *tag, arch: *unpackArch, created: created})
+	}
+	if *out == "" || len(bins) == 0 {
+		return fmt.Errorf("need -out and at least one -bin")
 	}
 	return build(spec{out: *out, tag: *tag, bins: bins, created: created}, os.Stdout)
 }

@@ -71,6 +71,12 @@ func platformImage(s spec, b platformBin) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	return oneLayerImage(layerTar, func(diffIDs []v1.Hash) *v1.ConfigFile { return configFile(s, b, a, diffIDs) })
+}
+
+// oneLayerImage is an OCI image of the uncompressed layer layerTar whose
+// configuration config makes from the layer's diff_ids.
+func oneLayerImage(layerTar []byte, config func(diffIDs []v1.Hash) *v1.ConfigFile) (v1.Image, error) {
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layerTar)), nil
 	}, tarball.WithMediaType(types.OCILayer))
@@ -89,7 +95,7 @@ func platformImage(s spec, b platformBin) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	return mutate.ConfigFile(img, configFile(s, b, a, appended.RootFS.DiffIDs))
+	return mutate.ConfigFile(img, config(appended.RootFS.DiffIDs))
 }
 
 // configFile is the image's configuration for the layers whose

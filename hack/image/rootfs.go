@@ -41,12 +41,17 @@ var dirs = []struct {
 // root but the home, with mtime at created, sorted so that the same
 // inputs give the same bytes.
 func rootfsTar(files []file, created time.Time) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
 	entries, err := entriesFor(files, created)
 	if err != nil {
 		return nil, err
 	}
+	return tarOf(entries)
+}
+
+// tarOf is the tar archive of entries, in order.
+func tarOf(entries []entry) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
 	for _, e := range entries {
 		if err := writeEntry(tw, e); err != nil {
 			return nil, err

@@ -11,6 +11,7 @@ import (
 	"github.com/steward-trustd/steward-trustd/internal/attestation"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
 
@@ -42,19 +43,19 @@ func TestVerifySignedPolicyKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pcr7, err := tpm.BindingForPCRs([]int{7})
+	pcr7, err := tpmpolicy.BindingForPCRs([]int{7})
 	if err != nil {
 		t.Fatal(err)
 	}
 	digest := func(k *ecdsa.PrivateKey) []byte {
-		d, err := tpm.SignedPolicyDigestFor([]crypto.PublicKey{&k.PublicKey}, pcr7)
+		d, err := tpmpolicy.SignedPolicyDigestFor([]crypto.PublicKey{&k.PublicKey}, pcr7)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return d
 	}
 	v1 := func(k *ecdsa.PrivateKey) []byte {
-		d, err := tpm.SignedPolicyDigest([]crypto.PublicKey{&k.PublicKey})
+		d, err := tpmpolicy.SignedPolicyDigest([]crypto.PublicKey{&k.PublicKey})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 // FileKey writes a fresh ECDSA P-256 key to dir/NAME.key (mode 0600, the
@@ -15,11 +15,11 @@ import (
 // policy authority or an offline root kept on an air-gapped machine.
 func FileKey(tb testing.TB, dir, name string) string {
 	tb.Helper()
-	k, err := file.GenerateKey(rand.Reader, signer.ECDSAP256)
+	k, err := keyutil.GenerateKey(rand.Reader, signer.ECDSAP256)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	data, err := file.MarshalPrivateKeyPEM(k)
+	data, err := keyutil.MarshalPrivateKeyPEM(k)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"net"
 	"slices"
 	"time"
+
+	"github.com/steward-trustd/steward-trustd/internal/certlint"
 )
 
 // DefaultIntermediateValidity is the default lifetime of a serving
@@ -67,7 +69,7 @@ func NewIntermediateCertificate(root *x509.Certificate, rootKey crypto.Signer, p
 	if len(o.PermittedIPRanges) > 0 {
 		tmpl.PermittedDNSDomainsCritical = true
 	}
-	return issue(issuance{tmpl: tmpl, ca: root, pub: pub, key: rootKey, lifetime: o.Validity, now: now, rand: r, verify: true, checkKey: true})
+	return issue(issuance{kind: certlint.Intermediate, tmpl: tmpl, ca: root, pub: pub, key: rootKey, lifetime: o.Validity, now: now, rand: r, verify: true, checkKey: true})
 }
 
 // CheckServerAuthCA checks one certificate of an issuer chain: a CA whose

@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/steward-trustd/steward-trustd/internal/certlint"
 )
 
 // tier is a root and an intermediate under it, as the ceremony makes them.
@@ -23,6 +26,9 @@ type tier struct {
 func newTier(t *testing.T, now time.Time, o IntermediateOptions) tier {
 	t.Helper()
 	var tr tier
+	if o.Subject.CommonName == "" {
+		o.Subject.CommonName = "node" // a CA's subject must not be empty (RFC 5280 §4.1.2.6)
+	}
 	tr.rootKey, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tr.interKey, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	var err error
@@ -49,7 +55,7 @@ func TestIntermediateProfile(t *testing.T) {
 	if err := CheckIssuerChain([]*x509.Certificate{c}, []*x509.Certificate{tr.root}, tr.interKey.Public(), now); err != nil {
 		t.Errorf("the ceremony's own intermediate is refused: %v", err)
 	}
-	long, err := NewIntermediateCertificate(tr.root, tr.rootKey, tr.interKey.Public(), IntermediateOptions{Validity: 20 * DefaultCAValidity}, now, rand.Reader)
+	long, err := NewIntermediateCertificate(tr.root, tr.rootKey, tr.interKey.Public(), IntermediateOptions{Subject: pkix.Name{CommonName: "node-b"}, Validity: 20 * DefaultCAValidity}, now, rand.Reader)
 	if err != nil || !long.NotAfter.Equal(tr.root.NotAfter) {
 		t.Errorf("intermediate not clamped to its root: %v %v", long.NotAfter, err)
 	}
@@ -89,11 +95,10 @@ func TestCheckIssuerChain(t *testing.T) {
 		tmpl := &x509.Certificate{Subject: pkix.Name{CommonName: "bad"}, IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
 			KeyUsage: x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 		mutate(tmpl)
-		c, err := issue(issuance{tmpl: tmpl, ca: tr.root, pub: tr.interKey.Public(), key: tr.rootKey, lifetime: time.Hour, now: now, rand: rand.Reader})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
+		tmpl.NotBefore, tmpl.NotAfter, tmpl.SerialNumber = now, now.Add(time.Hour), big.NewInt(2)
+		// Signed past the lints (which refuse most of these): what a
+		// chain from elsewhere may hold.
+		return createUnlinted(t, tmpl, tr.root, tr.interKey.Public(), tr.rootKey)
 	}
 	tests := []struct {
 		name    string
@@ -165,14 +170,16 @@ func TestNameConstraintsBindACompromisedIntermediate(t *testing.T) {
 		wantErr bool
 	}{{"10.5.0.2", false}, {"192.168.1.1", true}, {"127.0.0.1", true}}
 	for _, tt := range tests {
-		is, err := NewWorkerCertificate(tr.inter, tr.interKey, WorkerRequest{Subject: pkix.Name{CommonName: "w"}, IPs: []net.IP{net.ParseIP(tt.ip)}, PublicKey: leafKey.Public()}, time.Hour, now, rand.Reader)
-		if err != nil {
-			t.Fatal(err)
+		req := WorkerRequest{Subject: pkix.Name{CommonName: "w"}, IPs: []net.IP{net.ParseIP(tt.ip)}, PublicKey: leafKey.Public()}
+		_, err := NewWorkerCertificate(tr.inter, tr.interKey, req, time.Hour, now, rand.Reader)
+		var lintErr *certlint.Error
+		if tt.wantErr != errors.As(err, &lintErr) {
+			t.Errorf("leaf for %s: our issuance gave %v, want a lint refusal: %v", tt.ip, err, tt.wantErr)
 		}
-		leaf, err := x509.ParseCertificate(is.Raw)
-		if err != nil {
-			t.Fatal(err)
-		}
+		// What a compromised node would sign without our lints.
+		tmpl := &x509.Certificate{Subject: req.Subject, IPAddresses: req.IPs, SerialNumber: big.NewInt(3), NotBefore: now, NotAfter: now.Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+		leaf := createUnlinted(t, tmpl, tr.inter, leafKey.Public(), tr.interKey)
 		_, err = leaf.Verify(x509.VerifyOptions{Roots: pool(tr.root), Intermediates: pool(tr.inter), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 		var ci x509.CertificateInvalidError
 		if tt.wantErr != (err != nil) || tt.wantErr && (!errors.As(err, &ci) || ci.Reason != x509.CANotAuthorizedForThisName) {
@@ -187,4 +194,19 @@ func pool(certs ...*x509.Certificate) *x509.CertPool {
 		p.AddCert(c)
 	}
 	return p
+}
+
+// createUnlinted signs tmpl with x509 directly, past the lints: fixtures
+// for what the verifiers must refuse.
+func createUnlinted(t *testing.T, tmpl, parent *x509.Certificate, pub crypto.PublicKey, key crypto.Signer) *x509.Certificate {
+	t.Helper()
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

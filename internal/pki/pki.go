@@ -6,7 +6,9 @@
 // rule fixed here is fixed for both.
 //
 // It takes its clock and randomness as parameters and links nothing but
-// the standard library and Talos's role names, so the daemon can use it.
+// the standard library, Talos's role names and the lints
+// (internal/certlint), so the daemon can use it. Every certificate is
+// linted before the CA key signs it (lintThenSign).
 package pki
 
 import "time"

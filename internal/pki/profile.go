@@ -11,6 +11,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/steward-trustd/steward-trustd/internal/certlint"
 )
 
 // CAOptions describe the OS CA certificate.
@@ -55,7 +57,7 @@ func NewCACertificate(key crypto.Signer, o CAOptions, now time.Time, r io.Reader
 		SubjectKeyId:          ski,
 		AuthorityKeyId:        ski,
 	}
-	return issue(issuance{tmpl: tmpl, pub: key.Public(), key: key, lifetime: o.Validity, now: now, rand: r, verify: true})
+	return issue(issuance{kind: certlint.Root, tmpl: tmpl, pub: key.Public(), key: key, lifetime: o.Validity, now: now, rand: r, verify: true})
 }
 
 // NewServingCertificate issues trustd's own TLS serving certificate for
@@ -81,7 +83,7 @@ func NewServingCertificate(ca *x509.Certificate, caKey crypto.Signer, pub crypto
 		IPAddresses:           ips,
 		DNSNames:              dns,
 	}
-	return issue(issuance{tmpl: tmpl, ca: ca, pub: pub, key: caKey, lifetime: validity, now: now, rand: r, verify: true})
+	return issue(issuance{kind: certlint.Serving, tmpl: tmpl, ca: ca, pub: pub, key: caKey, lifetime: validity, now: now, rand: r, verify: true})
 }
 
 // firstHost is the first non-blank host, the serving certificate's
@@ -117,7 +119,7 @@ func NewClientCertificate(ca *x509.Certificate, caKey crypto.Signer, pub crypto.
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 		BasicConstraintsValid: true,
 	}
-	return issue(issuance{tmpl: tmpl, ca: ca, pub: pub, key: caKey, lifetime: validity, now: now, rand: r, verify: true, checkKey: true})
+	return issue(issuance{kind: certlint.Client, tmpl: tmpl, ca: ca, pub: pub, key: caKey, lifetime: validity, now: now, rand: r, verify: true, checkKey: true})
 }
 
 // WorkerRequest is what a worker's apid certificate is issued for: the
@@ -153,12 +155,12 @@ func NewWorkerCertificate(ca *x509.Certificate, caKey crypto.Signer, w WorkerReq
 		DNSNames:              w.DNSNames,
 		IPAddresses:           w.IPs,
 	}
-	der, err := sign(issuance{tmpl: tmpl, ca: ca, pub: w.PublicKey, key: caKey, lifetime: validity, now: now, rand: r})
+	der, warnings, err := sign(issuance{kind: certlint.Worker, tmpl: tmpl, ca: ca, pub: w.PublicKey, key: caKey, lifetime: validity, now: now, rand: r})
 	if err != nil {
 		return nil, err
 	}
 	// As encoded: UTCTime and GeneralizedTime carry whole seconds (RFC 5280 §4.1.2.5).
-	return &Issued{Raw: der, SerialNumber: tmpl.SerialNumber, NotAfter: tmpl.NotAfter.Truncate(time.Second).UTC()}, nil
+	return &Issued{Raw: der, SerialNumber: tmpl.SerialNumber, NotAfter: tmpl.NotAfter.Truncate(time.Second).UTC(), LintWarnings: warnings}, nil
 }
 
 // Issued is a certificate as it was signed: its DER and the fields the
@@ -171,6 +173,8 @@ type Issued struct {
 	SerialNumber *big.Int
 	// NotAfter is the end of its validity.
 	NotAfter time.Time
+	// LintWarnings names the lints that warned (not refused) before signing.
+	LintWarnings []string
 }
 
 // WorkerSubject copies a CSR subject without Organization (Talos does the
@@ -191,6 +195,7 @@ func WorkerSubject(s pkix.Name) pkix.Name {
 
 // issuance is one certificate to sign. A nil ca means self-signed.
 type issuance struct {
+	kind     certlint.Kind // the profile the lints check
 	tmpl     *x509.Certificate
 	ca       *x509.Certificate
 	pub      crypto.PublicKey
@@ -204,7 +209,7 @@ type issuance struct {
 
 // issue fills in serial and validity, signs, and parses the result.
 func issue(is issuance) (*x509.Certificate, error) {
-	der, err := sign(is)
+	der, _, err := sign(is)
 	if err != nil {
 		return nil, err
 	}
@@ -220,30 +225,22 @@ func issue(is issuance) (*x509.Certificate, error) {
 	return cert, nil
 }
 
-// sign completes is.tmpl (validity, serial) and signs it; it returns the
-// DER certificate.
-func sign(is issuance) ([]byte, error) {
+// sign completes is.tmpl (validity, serial), lints it and signs it (see
+// lintThenSign); it returns the DER certificate and the lint warnings.
+func sign(is issuance) ([]byte, []string, error) {
 	if is.checkKey {
 		if _, err := CheckRequestKey(is.pub, 0); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	var err error
 	if is.tmpl.NotBefore, is.tmpl.NotAfter, err = Validity(is.now, is.lifetime, is.ca); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if is.tmpl.SerialNumber, err = SerialNumber(is.rand); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	parent := is.ca
-	if parent == nil {
-		parent = is.tmpl
-	}
-	der, err := x509.CreateCertificate(is.rand, is.tmpl, parent, is.pub, is.key)
-	if err != nil {
-		return nil, fmt.Errorf("sign certificate: %w", err)
-	}
-	return der, nil
+	return lintThenSign(is)
 }
 
 // verifyIssued checks the new signature, catching a device that signs

@@ -26,7 +26,8 @@ func SerialNumber(r io.Reader) (*big.Int, error) {
 var ErrIssuerExpired = errors.New("the issuing CA certificate has expired")
 
 // Validity returns the NotBefore and NotAfter of a certificate issued at
-// now for lifetime under issuer: NotBefore is backdated by Backdate, and
+// now for lifetime under issuer: NotBefore is backdated by Backdate (not
+// before the issuer's NotBefore), and
 // NotAfter is clamped to the issuer's NotAfter, because a leaf that
 // outlives its CA stops verifying when the CA does (RFC 5280 section
 // 6.1.3 checks every certificate of the path). A nil issuer (a
@@ -43,5 +44,10 @@ func Validity(now time.Time, lifetime time.Duration, issuer *x509.Certificate) (
 	if issuer != nil && !notAfter.After(now) {
 		return time.Time{}, time.Time{}, fmt.Errorf("%w (not after %s)", ErrIssuerExpired, issuer.NotAfter.UTC().Format(time.RFC3339))
 	}
-	return now.Add(-Backdate), notAfter, nil
+	notBefore = now.Add(-Backdate)
+	// Inside the issuer's validity, as the lint e_talos_validity_within_issuer demands.
+	if issuer != nil && notBefore.Before(issuer.NotBefore) {
+		notBefore = issuer.NotBefore
+	}
+	return notBefore, notAfter, nil
 }

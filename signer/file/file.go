@@ -9,13 +9,7 @@ package file
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/rsa"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -28,6 +22,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
 	"github.com/steward-trustd/steward-trustd/internal/harden"
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/secretmount"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
@@ -113,7 +108,7 @@ func (b *Backend) Open(ctx context.Context, uri string) (signer.Signer, error) {
 		return nil, fmt.Errorf("open key %s: %w", path, err)
 	}
 	defer func() { clear(data); harden.Unlock(data) }()
-	key, err := ParsePrivateKeyPEM(data)
+	key, err := keyutil.ParsePrivateKeyPEM(data)
 	if err != nil {
 		return nil, fmt.Errorf("open key %s: %w", path, err)
 	}
@@ -161,7 +156,7 @@ func (b *Backend) checkMode(path string, f *os.File, st fs.FileInfo) error {
 // FromPEM returns a signer for a PEM key that arrived some other way than
 // a key file (e.g. an environment variable); location says where, for logs.
 func (b *Backend) FromPEM(ctx context.Context, data []byte, location string) (signer.Signer, error) {
-	key, err := ParsePrivateKeyPEM(data)
+	key, err := keyutil.ParsePrivateKeyPEM(data)
 	if err != nil {
 		return nil, fmt.Errorf("key from %s: %w", location, err)
 	}
@@ -179,7 +174,7 @@ func (b *Backend) Generate(ctx context.Context, uri string, alg signer.Algorithm
 	if r == nil {
 		r = rand.Reader
 	}
-	key, err := GenerateKey(r, alg)
+	key, err := keyutil.GenerateKey(r, alg)
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +192,7 @@ func (b *Backend) Import(ctx context.Context, uri string, key crypto.Signer) (si
 }
 
 func (b *Backend) write(ctx context.Context, path string, key crypto.Signer) (signer.Signer, error) {
-	pemBytes, err := MarshalPrivateKeyPEM(key)
+	pemBytes, err := keyutil.MarshalPrivateKeyPEM(key)
 	if err != nil {
 		return nil, err
 	}
@@ -208,83 +203,6 @@ func (b *Backend) write(ctx context.Context, path string, key crypto.Signer) (si
 		return nil, fmt.Errorf("write key: %w", err)
 	}
 	return b.newSigner(ctx, key, path)
-}
-
-// GenerateKey creates a software key of the given algorithm.
-func GenerateKey(r io.Reader, alg signer.Algorithm) (crypto.Signer, error) {
-	switch alg {
-	case signer.ECDSAP256:
-		return ecdsa.GenerateKey(elliptic.P256(), r)
-	case signer.ECDSAP384:
-		return ecdsa.GenerateKey(elliptic.P384(), r)
-	case signer.RSA2048:
-		return rsa.GenerateKey(r, 2048)
-	case signer.RSA3072:
-		return rsa.GenerateKey(r, 3072)
-	case signer.RSA4096:
-		return rsa.GenerateKey(r, 4096)
-	case signer.Ed25519:
-		_, k, err := ed25519.GenerateKey(r)
-		return k, err
-	}
-	return nil, fmt.Errorf("%w: %q", signer.ErrUnsupportedAlgorithm, alg)
-}
-
-// MarshalPrivateKeyPEM encodes key as a PKCS#8 "PRIVATE KEY" PEM block.
-func MarshalPrivateKeyPEM(key crypto.Signer) ([]byte, error) {
-	der, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, fmt.Errorf("marshal private key: %w", err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
-}
-
-// ParsePrivateKeyPEM parses the first private key PEM block in data:
-// PKCS#8 ("PRIVATE KEY", and Talos's "ED25519 PRIVATE KEY"), SEC1
-// ("EC PRIVATE KEY") or PKCS#1 ("RSA PRIVATE KEY"). Encrypted PEM is refused.
-func ParsePrivateKeyPEM(data []byte) (crypto.Signer, error) {
-	for {
-		var block *pem.Block
-		block, data = pem.Decode(data)
-		if block == nil {
-			return nil, errors.New("no private key PEM block found")
-		}
-		if !strings.HasSuffix(block.Type, "PRIVATE KEY") {
-			continue
-		}
-		if _, enc := block.Headers["DEK-Info"]; enc || block.Type == "ENCRYPTED PRIVATE KEY" {
-			return nil, errors.New("encrypted private keys are not supported; decrypt it first (openssl pkey)")
-		}
-		return parseDER(block.Type, block.Bytes)
-	}
-}
-
-func parseDER(typ string, der []byte) (crypto.Signer, error) {
-	var key any
-	var err error
-	switch typ {
-	case "EC PRIVATE KEY":
-		key, err = x509.ParseECPrivateKey(der)
-	case "RSA PRIVATE KEY":
-		key, err = x509.ParsePKCS1PrivateKey(der)
-	default:
-		key, err = x509.ParsePKCS8PrivateKey(der)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("parse %s: %w", typ, err)
-	}
-	switch k := key.(type) {
-	case *ecdsa.PrivateKey:
-		return k, nil
-	case *rsa.PrivateKey:
-		if k.N.BitLen() < 2048 {
-			return nil, fmt.Errorf("RSA key of %d bits is too weak for a CA (need 2048 or more)", k.N.BitLen())
-		}
-		return k, nil
-	case ed25519.PrivateKey:
-		return k, nil
-	}
-	return nil, fmt.Errorf("unsupported private key type %T", key)
 }
 
 // newSigner wraps key; its warning names the key's role from ctx.

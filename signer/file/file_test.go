@@ -16,6 +16,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/signertest"
 )
@@ -40,7 +41,7 @@ func TestOpenFormats(t *testing.T) {
 	weak, _ := rsa.GenerateKey(rand.Reader, 1024)
 	sec1, _ := x509.MarshalECPrivateKey(ec)
 	pkcs8, _ := x509.MarshalPKCS8PrivateKey(ec)
-	ed, _ := GenerateKey(rand.Reader, signer.Ed25519)
+	ed, _ := keyutil.GenerateKey(rand.Reader, signer.Ed25519)
 	edDER, _ := x509.MarshalPKCS8PrivateKey(ed)
 	enc := func(typ string, der []byte, h map[string]string) []byte {
 		return pem.EncodeToMemory(&pem.Block{Type: typ, Headers: h, Bytes: der})

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
@@ -51,9 +52,9 @@ func tmpfsDir(t *testing.T) string {
 }
 
 func TestSecretMountMode(t *testing.T) {
-	key, err := GenerateKey(nil, signer.Ed25519)
+	key, err := keyutil.GenerateKey(nil, signer.Ed25519)
 	must(t, err)
-	pemKey, err := MarshalPrivateKeyPEM(key)
+	pemKey, err := keyutil.MarshalPrivateKeyPEM(key)
 	must(t, err)
 	own := os.Getegid()
 	foreign := 54321 // no process here has this group

@@ -3,7 +3,6 @@ package tpm
 import (
 	"bytes"
 	"context"
-	"crypto"
 	"errors"
 	"fmt"
 
@@ -11,6 +10,7 @@ import (
 	"github.com/google/go-tpm/tpm2/transport"
 
 	"github.com/steward-trustd/steward-trustd/internal/attestation"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // MaxQualifyingData bounds TPM2_CertifyCreation's qualifyingData (a
@@ -48,7 +48,7 @@ func (b *Backend) Attest(ctx context.Context, uri string, qualifyingData []byte)
 
 // attestableBlob reads the key blob and its creation evidence, refusing
 // handle keys and imported keys.
-func attestableBlob(u KeyURI) (*keyBlob, *creationEvidence, error) {
+func attestableBlob(u KeyURI) (*tpmpolicy.KeyBlob, *creationEvidence, error) {
 	if u.Path == "" {
 		return nil, nil, fmt.Errorf("tpm: attest %s: %w: a persistent-handle key keeps no creation evidence", u, ErrNotAttestable)
 	}
@@ -56,7 +56,7 @@ func attestableBlob(u KeyURI) (*keyBlob, *creationEvidence, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	pub, err := km.blob.public.Contents()
+	pub, err := km.blob.Public.Contents()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -74,7 +74,7 @@ func attestableBlob(u KeyURI) (*keyBlob, *creationEvidence, error) {
 	return km.blob, ce, nil
 }
 
-func attest(t transport.TPM, blob *keyBlob, ce *creationEvidence, qd []byte) (*attestation.Evidence, error) {
+func attest(t transport.TPM, blob *tpmpolicy.KeyBlob, ce *creationEvidence, qd []byte) (*attestation.Evidence, error) {
 	ev := &attestation.Evidence{Version: attestation.EvidenceVersion, CreationData: ce.CreationData}
 	var err error
 	if ev.EKCertificate, ev.EKChain, err = readEKCertificate(t); err != nil {
@@ -109,7 +109,7 @@ func attest(t transport.TPM, blob *keyBlob, ce *creationEvidence, qd []byte) (*a
 		return nil, fmt.Errorf("certify the key's creation (TPM2_CertifyCreation): %w", err)
 	}
 	ev.AKPublic = ak.OutPublic.Bytes()
-	ev.KeyPublic = blob.public.Bytes()
+	ev.KeyPublic = blob.Public.Bytes()
 	ev.Attest = rsp.CertifyInfo.Bytes()
 	ev.Signature = tpm2.Marshal(rsp.Signature)
 	return ev, nil
@@ -227,17 +227,4 @@ func ekPolicy(t transport.TPM, session tpm2.TPMISHPolicy, nonceTPM tpm2.TPM2BNon
 		return fmt.Errorf("EK policy (TPM2_PolicySecret, endorsement hierarchy, empty password): %w", err)
 	}
 	return nil
-}
-
-// SignedPolicyDigest is the authPolicy of a v1 key (policyRef without the
-// PCR selection) created under the policy authorities pubs: what a
-// verifier expected of keys made before the selection was bound.
-// SignedPolicyDigestFor gives the digest of a key made today.
-func SignedPolicyDigest(pubs []crypto.PublicKey) ([]byte, error) {
-	auths, err := newAuthorities(pubs)
-	if err != nil {
-		return nil, err
-	}
-	pol, _, err := authorizedPolicy(auths)
-	return pol, err
 }

@@ -2,6 +2,7 @@ package tpm
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -17,6 +18,7 @@ import (
 	"github.com/google/go-tpm/tpm2/transport"
 
 	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // authorizedState is what a Signer of a key under policy authorities keeps
@@ -33,16 +35,16 @@ import (
 type authorizedState struct {
 	mu      sync.Mutex
 	tickets map[string]tpm2.TPMTTKVerified // by ticketKey
-	last    *checkedApproval
+	last    *tpmpolicy.CheckedApproval
 }
 
-func (st *authorizedState) lastApproval() *checkedApproval {
+func (st *authorizedState) lastApproval() *tpmpolicy.CheckedApproval {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.last
 }
 
-func (st *authorizedState) setLast(a *checkedApproval) {
+func (st *authorizedState) setLast(a *tpmpolicy.CheckedApproval) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.last = a
@@ -72,27 +74,29 @@ func (st *authorizedState) dropTicket(key string) {
 }
 
 // approvals returns the usable approvals, newest first, re-reading the
-// directory as approvalDir.current does. The copy is the caller's: the
+// directory as tpmpolicy.ApprovalDir.Current does. The copy is the caller's: the
 // approval remembered as last stays what it was across re-reads.
-func (s *Signer) approvals(force bool) []checkedApproval {
+func (s *Signer) approvals(force bool) []tpmpolicy.CheckedApproval {
 	s.auth.mu.Lock()
 	defer s.auth.mu.Unlock()
-	return slices.Clone(s.km.approvals.current(force))
+	return slices.Clone(s.km.approvals.Current(force))
 }
 
-func approvalKey(a *checkedApproval) string { return a.file + "/" + hex.EncodeToString(a.pol) }
+func approvalKey(a *tpmpolicy.CheckedApproval) string {
+	return a.File + "/" + hex.EncodeToString(a.Pol)
+}
 
 // ticketKey names what a VerifySignature ticket proves: that authority
 // a.auth signed a.pol with a.ref (the ticket covers the signed digest and
 // the key's name, TPM 2.0 Part 3 §20.1), not which file held the approval,
 // so a file replaced by another authority's approval of the same state
 // does not reuse a ticket PolicyAuthorize would refuse.
-func ticketKey(a *checkedApproval) string {
-	return strconv.Itoa(a.auth) + "/" + strconv.Quote(a.ref) + "/" + hex.EncodeToString(a.pol)
+func ticketKey(a *tpmpolicy.CheckedApproval) string {
+	return strconv.Itoa(a.Auth) + "/" + strconv.Quote(a.Ref) + "/" + hex.EncodeToString(a.Pol)
 }
 
 // maxTickets bounds the cached VerifySignature tickets.
-const maxTickets = 2 * maxApprovalFiles
+const maxTickets = 2 * tpmpolicy.MaxApprovalFiles
 
 // errNoMatch marks a PCR state no approval covers (internal).
 var errNoMatch = errors.New("no approval matches")
@@ -103,7 +107,7 @@ var errNoMatch = errors.New("no approval matches")
 // PolicyOR (§23.6).
 func (s *Signer) runAuthorized(t transport.TPM, sess tpm2.TPMHandle) error {
 	approvals := s.approvals(false)
-	if last := s.auth.lastApproval(); last != nil && slices.ContainsFunc(approvals, func(a checkedApproval) bool { return approvalKey(&a) == approvalKey(last) }) {
+	if last := s.auth.lastApproval(); last != nil && slices.ContainsFunc(approvals, func(a tpmpolicy.CheckedApproval) bool { return approvalKey(&a) == approvalKey(last) }) {
 		err := s.authorizeWith(t, sess, last, true)
 		if !errors.Is(err, errNoMatch) {
 			return err
@@ -128,10 +132,11 @@ func (s *Signer) runAuthorized(t transport.TPM, sess tpm2.TPMHandle) error {
 // digest after PolicyPCR over its selection (as Talos's unseal does),
 // leaving sess with that PolicyPCR applied. One PolicyPCR per distinct
 // selection; PolicyRestart between them.
-func (s *Signer) selectApproval(t transport.TPM, sess tpm2.TPMHandle, approvals []checkedApproval) (*checkedApproval, error) {
+func (s *Signer) selectApproval(t transport.TPM, sess tpm2.TPMHandle, approvals []tpmpolicy.CheckedApproval) (*tpmpolicy.CheckedApproval, error) {
 	var tried [][]int
+	var dead *tpmpolicy.CheckedApproval
 	for i := range approvals {
-		sel := approvals[i].pcrs
+		sel := approvals[i].PCRs
 		if slices.ContainsFunc(tried, func(x []int) bool { return slices.Equal(x, sel) }) {
 			continue
 		}
@@ -140,22 +145,46 @@ func (s *Signer) selectApproval(t transport.TPM, sess tpm2.TPMHandle, approvals 
 		if err != nil {
 			return nil, err
 		}
-		for j := i; j < len(approvals); j++ {
-			if slices.Equal(approvals[j].pcrs, sel) && bytes.Equal(approvals[j].pol, digest) {
-				return &approvals[j], nil
-			}
+		a, revoked, err := s.matchInSession(t, sess, approvals[i:], sel, digest)
+		if a != nil || err != nil {
+			return a, err
 		}
+		dead = cmp.Or(dead, revoked)
 		if err := policyRestart(t, sess); err != nil {
 			return nil, err
 		}
 	}
+	if dead != nil {
+		return nil, s.revokedErr(t, dead)
+	}
 	return nil, s.noApprovalErr(t, len(approvals))
+}
+
+// matchInSession returns the first of approvals over selection sel whose
+// PolicyPCR digest is digest (the session's) and, for a revocable key,
+// whose epoch the TPM accepts (PolicyNV run in sess); revoked is the
+// first whose epoch it refused.
+func (s *Signer) matchInSession(t transport.TPM, sess tpm2.TPMHandle, approvals []tpmpolicy.CheckedApproval, sel []int, digest []byte) (a, revoked *tpmpolicy.CheckedApproval, err error) {
+	for j := range approvals {
+		if !slices.Equal(approvals[j].PCRs, sel) || !bytes.Equal(approvals[j].PCRPol, digest) {
+			continue
+		}
+		err := s.policyEpoch(t, sess, &approvals[j])
+		switch {
+		case err == nil:
+			return &approvals[j], nil, nil
+		case !errors.Is(err, errRevoked):
+			return nil, nil, err
+		}
+		revoked = cmp.Or(revoked, &approvals[j])
+	}
+	return nil, revoked, nil
 }
 
 // policyPCRDigest runs PolicyPCR(sel) with no expected digest (the TPM
 // takes the PCRs as they are) and returns the session digest.
 func policyPCRDigest(t transport.TPM, sess tpm2.TPMHandle, sel []int) ([]byte, error) {
-	if _, err := (tpm2.PolicyPCR{PolicySession: sess, Pcrs: pcrSelection(sel)}).Execute(t); err != nil {
+	if _, err := (tpm2.PolicyPCR{PolicySession: sess, Pcrs: tpmpolicy.PCRSelection(sel)}).Execute(t); err != nil {
 		return nil, fmt.Errorf("TPM2_PolicyPCR: %w", err)
 	}
 	rsp, err := tpm2.PolicyGetDigest{PolicySession: sess}.Execute(t)
@@ -168,22 +197,27 @@ func policyPCRDigest(t transport.TPM, sess tpm2.TPMHandle, sel []int) ([]byte, e
 // authorizeWith completes the policy with approval a. With pcr set it runs
 // PolicyPCR first (the remembered approval); a PCR state that moved on
 // then fails PolicyAuthorize with TPM_RC_VALUE, reported as errNoMatch.
-func (s *Signer) authorizeWith(t transport.TPM, sess tpm2.TPMHandle, a *checkedApproval, pcr bool) error {
+func (s *Signer) authorizeWith(t transport.TPM, sess tpm2.TPMHandle, a *tpmpolicy.CheckedApproval, pcr bool) error {
 	if pcr {
-		if _, err := (tpm2.PolicyPCR{PolicySession: sess, Pcrs: pcrSelection(a.pcrs)}).Execute(t); err != nil {
+		if _, err := (tpm2.PolicyPCR{PolicySession: sess, Pcrs: tpmpolicy.PCRSelection(a.PCRs)}).Execute(t); err != nil {
 			return fmt.Errorf("TPM2_PolicyPCR: %w", err)
+		}
+		if err := s.policyEpoch(t, sess, a); errors.Is(err, errRevoked) {
+			return errNoMatch
+		} else if err != nil {
+			return err
 		}
 	}
 	ticket, err := s.ticket(t, a)
 	if err != nil {
 		return err
 	}
-	auth := s.km.authorities[a.auth]
+	auth := s.km.authorities[a.Auth]
 	_, err = tpm2.PolicyAuthorize{
 		PolicySession:  sess,
-		ApprovedPolicy: tpm2.TPM2BDigest{Buffer: a.pol},
-		PolicyRef:      tpm2.TPM2BDigest{Buffer: []byte(a.ref)},
-		KeySign:        auth.name,
+		ApprovedPolicy: tpm2.TPM2BDigest{Buffer: a.Pol},
+		PolicyRef:      tpm2.TPM2BDigest{Buffer: []byte(a.Ref)},
+		KeySign:        auth.TPMName(),
 		CheckTicket:    ticket,
 	}.Execute(t)
 	switch {
@@ -191,7 +225,7 @@ func (s *Signer) authorizeWith(t transport.TPM, sess tpm2.TPMHandle, a *checkedA
 		return errNoMatch
 	case err != nil:
 		s.auth.dropTicket(ticketKey(a)) // a ticket of a cleared owner hierarchy
-		return fmt.Errorf("TPM2_PolicyAuthorize (approval %s): %w", a.file, err)
+		return fmt.Errorf("TPM2_PolicyAuthorize (approval %s): %w", a.File, err)
 	}
 	return s.finishBranch(t, sess)
 }
@@ -205,7 +239,7 @@ func (s *Signer) finishBranch(t transport.TPM, sess tpm2.TPMHandle) error {
 	if len(s.km.branches) < 2 {
 		return nil
 	}
-	if _, err := (tpm2.PolicyOr{PolicySession: sess, PHashList: digestList(s.km.branches)}).Execute(t); err != nil {
+	if _, err := (tpm2.PolicyOr{PolicySession: sess, PHashList: tpmpolicy.DigestList(s.km.branches)}).Execute(t); err != nil {
 		return fmt.Errorf("TPM2_PolicyOR: %w", err)
 	}
 	return nil
@@ -217,23 +251,23 @@ func (s *Signer) finishBranch(t transport.TPM, sess tpm2.TPMHandle) error {
 // ticket would be a NULL ticket that PolicyAuthorize refuses), the
 // signature verified (TPM 2.0 Part 3 §20.1), the key flushed.
 // PolicyAuthorize needs only the authority's name afterwards.
-func (s *Signer) ticket(t transport.TPM, a *checkedApproval) (tpm2.TPMTTKVerified, error) {
+func (s *Signer) ticket(t transport.TPM, a *tpmpolicy.CheckedApproval) (tpm2.TPMTTKVerified, error) {
 	if tk, ok := s.auth.ticket(ticketKey(a)); ok {
 		return tk, nil
 	}
-	auth := s.km.authorities[a.auth]
-	load, err := tpm2.LoadExternal{InPublic: tpm2.New2B(auth.public), Hierarchy: tpm2.TPMRHOwner}.Execute(t)
+	auth := s.km.authorities[a.Auth]
+	load, err := tpm2.LoadExternal{InPublic: tpm2.New2B(auth.PublicArea()), Hierarchy: tpm2.TPMRHOwner}.Execute(t)
 	if err != nil {
-		return tpm2.TPMTTKVerified{}, fmt.Errorf("load policy authority %s (TPM2_LoadExternal): %w", auth.fp, err)
+		return tpm2.TPMTTKVerified{}, fmt.Errorf("load policy authority %s (TPM2_LoadExternal): %w", auth.Fingerprint(), err)
 	}
 	defer flush(t, load.ObjectHandle)
 	rsp, err := tpm2.VerifySignature{
 		KeyHandle: load.ObjectHandle,
-		Digest:    tpm2.TPM2BDigest{Buffer: approvalDigest(a.pol, a.ref)},
-		Signature: a.sig,
+		Digest:    tpm2.TPM2BDigest{Buffer: tpmpolicy.ApprovalDigest(a.Pol, a.Ref)},
+		Signature: a.Sig,
 	}.Execute(t)
 	if err != nil {
-		return tpm2.TPMTTKVerified{}, fmt.Errorf("approval %s: the TPM refuses the authority's signature (TPM2_VerifySignature): %w: %w", a.file, signer.ErrPolicyNotSatisfied, err)
+		return tpm2.TPMTTKVerified{}, fmt.Errorf("approval %s: the TPM refuses the authority's signature (TPM2_VerifySignature): %w: %w", a.File, signer.ErrPolicyNotSatisfied, err)
 	}
 	s.auth.putTicket(ticketKey(a), rsp.Validation)
 	return rsp.Validation, nil
@@ -247,7 +281,7 @@ func (s *Signer) noApprovalErr(t transport.TPM, n int) error {
 	if err != nil {
 		return fmt.Errorf("tpm: no approval matches the PCR state (%d approvals in %s): %w", n, s.uri.Approvals, signer.ErrPolicyNotSatisfied)
 	}
-	pol, err := PCRPolicyDigest(s.km.pcrs, vals)
+	pol, err := tpmpolicy.PCRPolicyDigest(s.km.pcrs, vals)
 	if err != nil {
 		return err
 	}
@@ -317,6 +351,9 @@ type PolicyReport struct {
 	// when none does (MatchError then says why).
 	Matching   string `json:"matching,omitempty"`
 	MatchError string `json:"matchError,omitempty"`
+	// Revocation is set for a revocable key: its counter and which
+	// approvals it still accepts.
+	Revocation *RevocationReport `json:"revocation,omitempty"`
 }
 
 // AuthorityReport names one policy authority: its TPM name, our
@@ -336,21 +373,25 @@ func (s *Signer) PolicyReport(ctx context.Context) (*PolicyReport, error) {
 		return nil, nil
 	}
 	b := s.km.binding
-	r := &PolicyReport{ApprovalsDir: s.uri.Approvals, Binding: b.Mode(), PolicyRef: b.ref, BoundPCRs: b.PCRs(), Warning: b.Weakness()}
+	r := &PolicyReport{ApprovalsDir: s.uri.Approvals, Binding: b.Mode(), PolicyRef: b.Ref(), BoundPCRs: b.PCRs(), Warning: b.Weakness()}
 	for _, a := range s.km.authorities {
-		r.Authorities = append(r.Authorities, AuthorityReport{Name: hex.EncodeToString(a.name.Buffer), Fingerprint: a.fp, SystemdFingerprint: a.systemdFP})
+		r.Authorities = append(r.Authorities, AuthorityReport{Name: hex.EncodeToString(a.TPMName().Buffer), Fingerprint: a.Fingerprint(), SystemdFingerprint: a.SystemdFingerprint()})
 	}
-	err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	err := s.do(ctx, false, func(t transport.TPM, _ laneState) error {
 		vals, err := ReadPCRs(t, s.km.pcrs)
 		if err != nil {
 			return err
 		}
-		pol, err := PCRPolicyDigest(s.km.pcrs, vals)
+		pol, err := tpmpolicy.PCRPolicyDigest(s.km.pcrs, vals)
 		if err != nil {
 			return err
 		}
-		r.PCRValues, r.PolicyPCRDigest = hexValues(s.km.pcrs, vals), hex.EncodeToString(pol)
-		r.Approvals = len(s.approvals(true))
+		r.PCRValues, r.PolicyPCRDigest = tpmpolicy.HexValues(s.km.pcrs, vals), hex.EncodeToString(pol)
+		approvals := s.approvals(true)
+		r.Approvals = len(approvals)
+		if err := s.revocationReport(t, r, approvals); err != nil {
+			return err
+		}
 		return s.matchReport(t, r)
 	})
 	return r, err
@@ -373,7 +414,7 @@ func (s *Signer) matchReport(t transport.TPM, r *PolicyReport) error {
 		return nil
 	}
 	if last := s.auth.lastApproval(); last != nil {
-		r.Matching = filepath.Join(s.uri.Approvals, last.file)
+		r.Matching = filepath.Join(s.uri.Approvals, last.File)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-tpm/tpm2/transport"
 
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // CreationSuffix is appended to a key blob's path to name its creation
@@ -48,7 +49,7 @@ func CreationPath(blobPath string) string { return blobPath + CreationSuffix }
 // without it; it is removed again if the blob cannot be written. A
 // persistent-handle key keeps no evidence (there is no file to put it
 // beside) and is reported not attestable.
-func (b *Backend) persistWithEvidence(t transport.TPM, u KeyURI, parent *srk, blob *keyBlob, rsp *tpm2.CreateResponse) error {
+func (b *Backend) persistWithEvidence(t transport.TPM, u KeyURI, parent *srk, blob *tpmpolicy.KeyBlob, rsp *tpm2.CreateResponse) error {
 	if u.Path == "" {
 		return b.persist(t, u, parent, blob)
 	}
@@ -122,7 +123,7 @@ func (s *Signer) Attestability() (bool, string) {
 	if s.km.blob == nil {
 		return false, "a persistent-handle key keeps no creation evidence"
 	}
-	pub, err := s.km.blob.public.Contents()
+	pub, err := s.km.blob.Public.Contents()
 	if err != nil {
 		return false, err.Error()
 	}

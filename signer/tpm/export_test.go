@@ -12,18 +12,22 @@ import (
 	"github.com/google/go-tpm/tpm2/transport"
 
 	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // KeyHandle exposes the loaded key's handle and name to the external tests
 // (which cannot be in package tpm: they import tpmsim, which imports tpm).
 func KeyHandle(s *Signer) (tpm2.TPMHandle, tpm2.TPM2BName) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.key, s.name
+	var key tpm2.TPMHandle
+	_ = s.do(context.Background(), false, func(_ transport.TPM, at laneState) error {
+		key = at.key
+		return nil
+	})
+	return key, s.name
 }
 
 // uncheck decodes an approval without any software check.
-func uncheck(a *Approval) (*checkedApproval, error) {
+func uncheck(a *tpmpolicy.Approval) (*tpmpolicy.CheckedApproval, error) {
 	pol, err := hex.DecodeString(a.Pol)
 	if err != nil {
 		return nil, err
@@ -36,19 +40,19 @@ func uncheck(a *Approval) (*checkedApproval, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &checkedApproval{file: "unchecked.json", pcrs: a.PCRs, pol: pol, ref: a.Ref, sig: *sig}, nil
+	return &tpmpolicy.CheckedApproval{File: "unchecked.json", PCRs: a.PCRs, Pol: pol, Ref: a.Ref, Sig: *sig, Epoch: a.Epoch}, nil
 }
 
 // TPMVerifyApproval has the TPM verify approval a's signature as the
 // signer does before PolicyAuthorize, skipping the software check that
 // normally drops a forged approval first: it shows that the TPM itself
 // refuses a signature by any key but the authority.
-func TPMVerifyApproval(s *Signer, a *Approval) error {
+func TPMVerifyApproval(s *Signer, a *tpmpolicy.Approval) error {
 	c, err := uncheck(a)
 	if err != nil {
 		return err
 	}
-	return s.do(context.Background(), false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	return s.do(context.Background(), false, func(t transport.TPM, _ laneState) error {
 		_, err := s.ticket(t, c)
 		return err
 	})
@@ -59,25 +63,38 @@ func TPMVerifyApproval(s *Signer, a *Approval) error {
 // pcrs, pol, ref and signature, by the key's first authority — with every
 // software check skipped: what root on the node could make the TPM do. It
 // shows what the TPM itself accepts.
-func TPMSignWithApproval(s *Signer, a *Approval, digest []byte) error {
+func TPMSignWithApproval(s *Signer, a *tpmpolicy.Approval, digest []byte) error {
+	return TPMSignWithEpochClaim(s, a, a.Epoch, false, digest)
+}
+
+// TPMSignWithEpochClaim is TPMSignWithApproval for a revocable key where
+// root on the node lies about the approval's epoch (PolicyNV with epoch
+// instead of the signed one) or skips PolicyNV altogether (skipNV).
+func TPMSignWithEpochClaim(s *Signer, a *tpmpolicy.Approval, epoch uint64, skipNV bool, digest []byte) error {
 	c, err := uncheck(a)
 	if err != nil {
 		return err
 	}
-	return s.do(context.Background(), false, func(t transport.TPM, key tpm2.TPMHandle) error {
+	c.Epoch = epoch
+	return s.do(context.Background(), false, func(t transport.TPM, at laneState) error {
 		sess, closeSess, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = closeSess() }()
-		if _, err := policyPCRDigest(t, sess.Handle(), c.pcrs); err != nil {
+		if _, err := policyPCRDigest(t, sess.Handle(), c.PCRs); err != nil {
 			return err
+		}
+		if !skipNV {
+			if err := s.policyEpoch(t, sess.Handle(), c); err != nil {
+				return err
+			}
 		}
 		if err := s.authorizeWith(t, sess.Handle(), c, false); err != nil {
 			return err
 		}
 		_, err = tpm2.Sign{
-			KeyHandle:  tpm2.AuthHandle{Handle: key, Name: s.name, Auth: sess},
+			KeyHandle:  tpm2.AuthHandle{Handle: at.key, Name: s.name, Auth: sess},
 			Digest:     tpm2.TPM2BDigest{Buffer: digest},
 			InScheme:   tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgECDSA, Details: tpm2.NewTPMUSigScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSchemeHash{HashAlg: tpm2.TPMAlgSHA256})},
 			Validation: tpm2.TPMTTKHashCheck{Tag: tpm2.TPMSTHashCheck, Hierarchy: tpm2.TPMRHNull},
@@ -90,7 +107,7 @@ func TPMSignWithApproval(s *Signer, a *Approval, digest []byte) error {
 // values with ref, with none of SignApproval's checks: the approval a
 // careless or old tool could make (a resettable PCR, another selection or
 // ref than the key's).
-func UncheckedApproval(authority crypto.Signer, ref string, pcrs []int, values [][]byte) (*Approval, error) {
+func UncheckedApproval(authority crypto.Signer, ref string, pcrs []int, values [][]byte) (*tpmpolicy.Approval, error) {
 	if len(pcrs) != len(values) {
 		return nil, errors.New("one value per PCR")
 	}
@@ -98,26 +115,26 @@ func UncheckedApproval(authority crypto.Signer, ref string, pcrs []int, values [
 	if err != nil {
 		return nil, err
 	}
-	if err := (tpm2.PolicyPCR{PcrDigest: tpm2.TPM2BDigest{Buffer: pcrDigestOf(values)}, Pcrs: pcrSelection(pcrs)}).Update(pc); err != nil {
+	if err := (tpm2.PolicyPCR{PcrDigest: tpm2.TPM2BDigest{Buffer: tpmpolicy.PCRDigest(values)}, Pcrs: tpmpolicy.PCRSelection(pcrs)}).Update(pc); err != nil {
 		return nil, err
 	}
 	pol := pc.Hash().Digest
-	a, err := NewAuthority(authority.Public())
+	a, err := tpmpolicy.NewAuthority(authority.Public())
 	if err != nil {
 		return nil, err
 	}
-	sig, err := signTPMT(authority, a, approvalDigest(pol, ref))
+	sig, err := tpmpolicy.SignTPMT(authority, a, tpmpolicy.ApprovalDigest(pol, ref))
 	if err != nil {
 		return nil, err
 	}
-	return &Approval{PCRs: pcrs, PKFP: a.Fingerprint(), Pol: hex.EncodeToString(pol), Sig: base64.StdEncoding.EncodeToString(tpm2.Marshal(sig)), Ref: ref}, nil
+	return &tpmpolicy.Approval{PCRs: pcrs, PKFP: a.Fingerprint(), Pol: hex.EncodeToString(pol), Sig: base64.StdEncoding.EncodeToString(tpm2.Marshal(sig)), Ref: ref}, nil
 }
 
 // ExtendPCR extends sha256 PCR idx with SHA-256(data) over the signer's
 // own connection (a swtpm serves one connection at a time).
 func ExtendPCR(s *Signer, idx int, data []byte) error {
 	sum := sha256.Sum256(data)
-	return s.do(context.Background(), false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	return s.do(context.Background(), false, func(t transport.TPM, _ laneState) error {
 		_, err := tpm2.PCRExtend{
 			PCRHandle: tpm2.AuthHandle{Handle: tpm2.TPMHandle(idx), Auth: tpm2.PasswordAuth(nil)},
 			Digests:   tpm2.TPMLDigestValues{Digests: []tpm2.TPMTHA{{HashAlg: tpm2.TPMAlgSHA256, Digest: sum[:]}}},
@@ -127,7 +144,7 @@ func ExtendPCR(s *Signer, idx int, data []byte) error {
 }
 
 // GenerateV1 creates a key as this backend did before the PCR selection
-// was bound: a v1 key (policyRef PolicyRef), for the tests that existing
+// was bound: a v1 key (policyRef tpmpolicy.PolicyRef), for the tests that existing
 // keys keep working and what their policy lets through.
 func GenerateV1(ctx context.Context, b *Backend, uri string) (signer.Signer, error) {
 	u, err := ParseURI(uri)

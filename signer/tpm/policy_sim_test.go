@@ -26,6 +26,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
 
@@ -93,11 +94,11 @@ func (f *authorizedFixture) approve(t testing.TB, auth crypto.Signer, name strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := tpm.BindingForPCRs(pcrs)
+	b, err := tpmpolicy.BindingForPCRs(pcrs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpm.SignApproval(auth, b, pcrs, vals, tpm.ApprovalMeta{Note: name, CreatedAt: time.Now()})
+	a, err := tpmpolicy.SignApproval(auth, b, pcrs, vals, tpmpolicy.ApprovalMeta{Note: name, CreatedAt: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +282,7 @@ func TestQuoteVerification(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pcrs, vals, err := tpm.VerifyQuote(q, ak, nonce)
+	pcrs, vals, err := tpmpolicy.VerifyQuote(q, ak, nonce)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +294,7 @@ func TestQuoteVerification(t *testing.T) {
 	tampered.PCRValues = map[string]string{"7": strings.Repeat("ff", 32), "11": q.PCRValues["11"]}
 	for _, tc := range []struct {
 		name  string
-		q     *tpm.Quote
+		q     *tpmpolicy.Quote
 		ak    *ecdsa.PublicKey
 		nonce []byte
 		want  string
@@ -301,11 +302,11 @@ func TestQuoteVerification(t *testing.T) {
 		{"wrong nonce", q, ak, []byte("another nonce"), "nonce differs"},
 		{"another AK", q, &newP256(t).PublicKey, nonce, "not signed by the pinned attestation key"},
 		{"values not quoted", &tampered, ak, nonce, "do not match the quoted digest"},
-		{"resettable PCR named", &tpm.Quote{PCRs: []int{7, 16}, PCRValues: q.PCRValues, Nonce: q.Nonce, Attest: q.Attest, Signature: q.Signature}, ak, nonce, "debug PCR"},
+		{"resettable PCR named", &tpmpolicy.Quote{PCRs: []int{7, 16}, PCRValues: q.PCRValues, Nonce: q.Nonce, Attest: q.Attest, Signature: q.Signature}, ak, nonce, "debug PCR"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, _, err := tpm.VerifyQuote(tc.q, tc.ak, tc.nonce); err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("VerifyQuote = %v, want %q", err, tc.want)
+			if _, _, err := tpmpolicy.VerifyQuote(tc.q, tc.ak, tc.nonce); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("tpmpolicy.VerifyQuote = %v, want %q", err, tc.want)
 			}
 		})
 	}
@@ -352,11 +353,11 @@ func TestForgedApprovalRefusedByTPM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := tpm.BindingForPCRs(pcrs)
+	b, err := tpmpolicy.BindingForPCRs(pcrs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	forged, err := tpm.SignApproval(forger, b, pcrs, vals, tpm.ApprovalMeta{})
+	forged, err := tpmpolicy.SignApproval(forger, b, pcrs, vals, tpmpolicy.ApprovalMeta{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -524,8 +525,8 @@ func TestSelectionBoundByTPM(t *testing.T) {
 	}
 	digest := sha256.Sum256([]byte("csr"))
 	for name, ref := range map[string]string{
-		"v2 ref of 7,16":  "steward-trustd/os-ca/v2:010080", // what BindingForPCRs would make, were 16 allowed
-		"v1 ref":          tpm.PolicyRef,
+		"v2 ref of 7,16":  "steward-trustd/os-ca/v2:010080", // what tpmpolicy.BindingForPCRs would make, were 16 allowed
+		"v1 ref":          tpmpolicy.PolicyRef,
 		"empty (systemd)": "",
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -548,7 +549,7 @@ func TestSelectionBoundByTPM(t *testing.T) {
 
 func mustBindingRef(t *testing.T, pcrs ...int) string {
 	t.Helper()
-	b, err := tpm.BindingForPCRs(pcrs)
+	b, err := tpmpolicy.BindingForPCRs(pcrs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -570,14 +571,14 @@ func TestV1KeyKeepsWorkingAndIsWarned(t *testing.T) {
 	}
 	s.Close()
 	b, _, err := tpm.KeyBinding(f.uri)
-	if err != nil || b.Mode() != "v1" || b.Ref() != tpm.PolicyRef {
+	if err != nil || b.Mode() != "v1" || b.Ref() != tpmpolicy.PolicyRef {
 		t.Fatalf("KeyBinding of a v1 key = %v, %v", b, err)
 	}
 	vals, err := tpm.ReadPCRs(f.sim.TPM(), []int{7})
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpm.SignApproval(auth, b, []int{7}, vals, tpm.ApprovalMeta{})
+	a, err := tpmpolicy.SignApproval(auth, b, []int{7}, vals, tpmpolicy.ApprovalMeta{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -601,7 +602,7 @@ func TestV1KeyKeepsWorkingAndIsWarned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := tpm.UncheckedApproval(auth, tpm.PolicyRef, []int{7, 16}, wide)
+	w, err := tpm.UncheckedApproval(auth, tpmpolicy.PolicyRef, []int{7, 16}, wide)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,42 +1,18 @@
 package tpm
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
-	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"math/big"
-	"slices"
-	"strconv"
 
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
+
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
-
-// Quote is a TPM2_Quote (TPM 2.0 Part 3 §18.4) over a key's PCR selection
-// with an approver's nonce, as JSON: what `policy quote` writes on the
-// node and `policy approve --from-quote` checks.
-type Quote struct {
-	PCRs      []int             `json:"pcrs"`
-	PCRValues map[string]string `json:"pcrValues"`
-	Nonce     string            `json:"nonce"`
-	// Attest is the base64 TPMS_ATTEST the TPM signed; Signature the base64
-	// TPMT_SIGNATURE (ECDSA-SHA256) by the attestation key.
-	Attest    string `json:"attest"`
-	Signature string `json:"signature"`
-	// AKPublic is the base64 DER public key of the attestation key, for
-	// information only: the approver checks against the AK pinned once
-	// (policy quote --ak-out), never against this field.
-	AKPublic string `json:"akPublic"`
-}
-
-// MaxNonce bounds a quote nonce (TPM2B_DATA of a SHA-256 TPM).
-const MaxNonce = 32
 
 // akTemplate is the attestation key: a restricted ECDSA P-256 signing
 // primary in the owner hierarchy with a fixed template and empty unique,
@@ -52,7 +28,7 @@ func akTemplate() tpm2.TPMTPublic {
 			FixedTPM: true, FixedParent: true, SensitiveDataOrigin: true,
 			UserWithAuth: true, NoDA: true, Restricted: true, SignEncrypt: true,
 		},
-		Parameters: p256ECDSAParms(),
+		Parameters: tpmpolicy.P256ECDSAParms(),
 		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{
 			X: tpm2.TPM2BECCParameter{Buffer: []byte{}},
 			Y: tpm2.TPM2BECCParameter{Buffer: []byte{}},
@@ -62,15 +38,15 @@ func akTemplate() tpm2.TPMTPublic {
 
 // Quote has the TPM that uri names quote the sha256 PCRs uri selects
 // (pcrs=, default 7) with nonce, signed by the attestation key.
-func (b *Backend) Quote(ctx context.Context, uri string, nonce []byte) (*Quote, error) {
+func (b *Backend) Quote(ctx context.Context, uri string, nonce []byte) (*tpmpolicy.Quote, error) {
 	u, err := ParseURI(uri)
 	if err != nil {
 		return nil, err
 	}
-	if len(nonce) == 0 || len(nonce) > MaxNonce {
-		return nil, fmt.Errorf("tpm: quote: the nonce must be 1 to %d bytes", MaxNonce)
+	if len(nonce) == 0 || len(nonce) > tpmpolicy.MaxNonce {
+		return nil, fmt.Errorf("tpm: quote: the nonce must be 1 to %d bytes", tpmpolicy.MaxNonce)
 	}
-	var q *Quote
+	var q *tpmpolicy.Quote
 	err = b.withConn(ctx, u, b.reclaiming(u, func(t transport.TPM) error {
 		var err error
 		q, err = quote(t, u.PCRs, nonce)
@@ -82,7 +58,7 @@ func (b *Backend) Quote(ctx context.Context, uri string, nonce []byte) (*Quote, 
 	return q, nil
 }
 
-func quote(t transport.TPM, pcrs []int, nonce []byte) (*Quote, error) {
+func quote(t transport.TPM, pcrs []int, nonce []byte) (*tpmpolicy.Quote, error) {
 	ak, err := createAK(t)
 	if err != nil {
 		return nil, err
@@ -92,7 +68,7 @@ func quote(t transport.TPM, pcrs []int, nonce []byte) (*Quote, error) {
 		SignHandle:     tpm2.AuthHandle{Handle: ak.ObjectHandle, Name: ak.Name, Auth: tpm2.PasswordAuth(nil)},
 		QualifyingData: tpm2.TPM2BData{Buffer: nonce},
 		InScheme:       tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgNull},
-		PCRSelect:      pcrSelection(pcrs),
+		PCRSelect:      tpmpolicy.PCRSelection(pcrs),
 	}.Execute(t)
 	if err != nil {
 		return nil, fmt.Errorf("TPM2_Quote: %w", err)
@@ -111,8 +87,8 @@ func quote(t transport.TPM, pcrs []int, nonce []byte) (*Quote, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Quote{
-		PCRs: pcrs, PCRValues: hexValues(pcrs, vals), Nonce: hex.EncodeToString(nonce),
+	return &tpmpolicy.Quote{
+		PCRs: pcrs, PCRValues: tpmpolicy.HexValues(pcrs, vals), Nonce: hex.EncodeToString(nonce),
 		Attest:    base64.StdEncoding.EncodeToString(rsp.Quoted.Bytes()),
 		Signature: base64.StdEncoding.EncodeToString(tpm2.Marshal(rsp.Signature)),
 		AKPublic:  base64.StdEncoding.EncodeToString(der),
@@ -157,85 +133,4 @@ func (b *Backend) AttestationKey(ctx context.Context, uri string) (*ecdsa.Public
 		return nil, fmt.Errorf("tpm: attestation key: %w", err)
 	}
 	return pub, nil
-}
-
-func hexValues(pcrs []int, vals [][]byte) map[string]string {
-	out := make(map[string]string, len(pcrs))
-	for i, p := range pcrs {
-		out[strconv.Itoa(p)] = hex.EncodeToString(vals[i])
-	}
-	return out
-}
-
-// VerifyQuote checks q against the pinned attestation key ak and the
-// approver's nonce, and returns the quoted PCR state: the signature must
-// be ak's over the attest structure, which must be TPM-generated
-// (TPM_GENERATED_VALUE: a restricted key signs nothing else), a quote,
-// carry nonce, select exactly q's sha256 PCRs, and its PCR digest must be
-// that of q's values.
-func VerifyQuote(q *Quote, ak *ecdsa.PublicKey, nonce []byte) ([]int, [][]byte, error) {
-	attestBytes, err := base64.StdEncoding.DecodeString(q.Attest)
-	if err != nil {
-		return nil, nil, errors.New("quote: attest is not base64")
-	}
-	if err := verifyAKSignature(q, ak, attestBytes); err != nil {
-		return nil, nil, err
-	}
-	attest, err := tpm2.Unmarshal[tpm2.TPMSAttest](attestBytes)
-	if err != nil {
-		return nil, nil, fmt.Errorf("quote: not a TPM-generated attest structure: %w", err)
-	}
-	if attest.Magic != tpm2.TPMGeneratedValue || attest.Type != tpm2.TPMSTAttestQuote {
-		return nil, nil, errors.New("quote: not a TPM-generated quote")
-	}
-	if !bytes.Equal(attest.ExtraData.Buffer, nonce) {
-		return nil, nil, errors.New("quote: the nonce differs from yours (a replayed or foreign quote); make a new quote with your nonce")
-	}
-	return quotedState(q, attest)
-}
-
-func verifyAKSignature(q *Quote, ak *ecdsa.PublicKey, attest []byte) error {
-	raw, err := base64.StdEncoding.DecodeString(q.Signature)
-	if err != nil {
-		return errors.New("quote: signature is not base64")
-	}
-	sig, err := tpm2.Unmarshal[tpm2.TPMTSignature](raw)
-	if err != nil {
-		return fmt.Errorf("quote: signature: %w", err)
-	}
-	e, err := sig.Signature.ECDSA()
-	if err != nil || sig.SigAlg != tpm2.TPMAlgECDSA || e.Hash != tpm2.TPMAlgSHA256 {
-		return errors.New("quote: the signature is not ECDSA-SHA256")
-	}
-	d := sha256.Sum256(attest)
-	if !ecdsa.Verify(ak, d[:], new(big.Int).SetBytes(e.SignatureR.Buffer), new(big.Int).SetBytes(e.SignatureS.Buffer)) {
-		return errors.New("quote: not signed by the pinned attestation key (another TPM, or altered)")
-	}
-	return nil
-}
-
-// quotedState checks q's selection and values against the quote.
-func quotedState(q *Quote, attest *tpm2.TPMSAttest) ([]int, [][]byte, error) {
-	info, err := attest.Attested.Quote()
-	if err != nil {
-		return nil, nil, fmt.Errorf("quote: %w", err)
-	}
-	pcrs, err := ParsePCRs(pcrList(q.PCRs))
-	if err != nil {
-		return nil, nil, fmt.Errorf("quote: %w", err)
-	}
-	if len(q.PCRs) == 0 || !slices.Equal(pcrs, q.PCRs) {
-		return nil, nil, errors.New("quote: pcrs must be distinct ascending sha256 PCRs")
-	}
-	if !bytes.Equal(tpm2.Marshal(info.PCRSelect), tpm2.Marshal(pcrSelection(pcrs))) {
-		return nil, nil, errors.New("quote: the quoted PCR selection differs from the file's pcrs")
-	}
-	vals, err := Approval{PCRs: pcrs, PCRValues: q.PCRValues}.Values()
-	if err != nil {
-		return nil, nil, fmt.Errorf("quote: %w", err)
-	}
-	if !bytes.Equal(info.PCRDigest.Buffer, pcrDigestOf(vals)) {
-		return nil, nil, errors.New("quote: the PCR values do not match the quoted digest (changed since the quote, or altered)")
-	}
-	return pcrs, vals, nil
 }

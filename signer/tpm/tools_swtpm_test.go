@@ -24,6 +24,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/signer"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
 
@@ -176,7 +177,7 @@ func TestPCRResetWithTPM2ToolsCannotUnlock(t *testing.T) {
 
 // writeApproval writes an approval signed with ref over pcrs = vals,
 // without SignApproval's checks (UncheckedApproval).
-func writeApproval(t *testing.T, path string, auth crypto.Signer, ref string, pcrs []int, vals [][]byte) *tpm.Approval {
+func writeApproval(t *testing.T, path string, auth crypto.Signer, ref string, pcrs []int, vals [][]byte) *tpmpolicy.Approval {
 	t.Helper()
 	a, err := tpm.UncheckedApproval(auth, ref, pcrs, vals)
 	if err != nil {
@@ -187,9 +188,9 @@ func writeApproval(t *testing.T, path string, auth crypto.Signer, ref string, pc
 }
 
 // writeApprovalFile writes a as an approval file at path.
-func writeApprovalFile(t testing.TB, path string, a *tpm.Approval) {
+func writeApprovalFile(t testing.TB, path string, a *tpmpolicy.Approval) {
 	t.Helper()
-	data, err := tpm.MarshalApprovals(a)
+	data, err := tpmpolicy.MarshalApprovals(a)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +256,7 @@ func TestSystemdMeasureApprovalUnlocksSystemdKey(t *testing.T) {
 // wrote.
 func checkSystemdReport(t *testing.T, s *tpm.Signer, sigJSON []byte) {
 	t.Helper()
-	var f tpm.ApprovalFile
+	var f tpmpolicy.ApprovalFile
 	if err := json.Unmarshal(sigJSON, &f); err != nil || len(f.SHA256) != 1 {
 		t.Fatalf("systemd-measure's file: %s (%v)", sigJSON, err)
 	}

@@ -71,6 +71,7 @@ import (
 
 	"github.com/steward-trustd/steward-trustd/internal/atomicfile"
 	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // DialFunc opens a connection to the TPM a key URI names. The backend calls
@@ -209,7 +210,7 @@ func (b *Backend) Open(ctx context.Context, uri string) (signer.Signer, error) {
 
 // keyMaterial is what a Signer knows about its key before connecting.
 type keyMaterial struct {
-	blob *keyBlob // nil for a persistent handle
+	blob *tpmpolicy.KeyBlob // nil for a persistent handle
 	pcrs []int
 	// pcrDigest is the expected PCR digest, when a blob records it.
 	pcrDigest []byte
@@ -217,10 +218,10 @@ type keyMaterial struct {
 	// key), the PolicyOR branches when there are several, and the
 	// approvals directory; binding is the policyRef of the key's
 	// PolicyAuthorize and the PCR selection it binds.
-	authorities []*Authority
-	binding     Binding
+	authorities []*tpmpolicy.Authority
+	binding     tpmpolicy.Binding
 	branches    [][]byte
-	approvals   *approvalDir
+	approvals   *tpmpolicy.ApprovalDir
 }
 
 // attachApprovals checks that a key under policy authorities has an
@@ -234,18 +235,13 @@ func (b *Backend) attachApprovals(u KeyURI, k *keyMaterial) error {
 	case u.Approvals == "":
 		return fmt.Errorf("tpm: %s: the key is under a policy authority; name its approvals directory with approvals=/dir: %w", u, signer.ErrInvalidURI)
 	}
-	_, branches, err := authorizedPolicyRef(k.authorities, k.binding.ref)
+	_, branches, err := tpmpolicy.AuthorizedPolicy(k.authorities, k.binding.Ref())
 	if err != nil {
 		return err
 	}
 	k.branches = branches
-	k.approvals = newApprovalDir(u.Approvals, k.authorities, k.binding, b.ApprovalsReload, b.logger())
+	k.approvals = tpmpolicy.NewApprovalDir(u.Approvals, k.authorities, k.binding, b.ApprovalsReload, b.logger())
 	return nil
-}
-
-// sameAuthorities reports whether a and b name the same keys in order.
-func sameAuthorities(a, b []*Authority) bool {
-	return slices.EqualFunc(a, b, func(x, y *Authority) bool { return x.fp == y.fp })
 }
 
 func readBlobFile(u KeyURI) (*keyMaterial, error) {
@@ -261,51 +257,51 @@ func readBlobFile(u KeyURI) (*keyMaterial, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tpm: read key blob %s: %w", u.Path, err)
 	}
-	blob, err := parseKeyBlob(data)
+	blob, err := tpmpolicy.ParseKeyBlob(data)
 	if err != nil {
 		return nil, fmt.Errorf("tpm: key blob %s: %w", u.Path, err)
 	}
-	if len(blob.authorities) > 0 {
-		if err := checkURIBinding(u, blob.binding); err != nil {
+	if len(blob.Authorities) > 0 {
+		if err := checkURIBinding(u, blob.Binding); err != nil {
 			return nil, err
 		}
-		if blob.binding.pcrs == nil {
-			blob.pcrs = u.PCRs // v1: the PCRs the ceremony reads and approves; any approval may name others
+		if blob.Binding.PCRs() == nil {
+			blob.PCRs = u.PCRs // v1: the PCRs the ceremony reads and approves; any approval may name others
 		}
-	} else if u.PCRsSet && !slices.Equal(u.PCRs, blob.pcrs) {
+	} else if u.PCRsSet && !slices.Equal(u.PCRs, blob.PCRs) {
 		return nil, fmt.Errorf("tpm: key blob %s is bound to sha256 PCRs %s but the URI says pcrs=%s: %w",
-			u.Path, pcrList(blob.pcrs), pcrList(u.PCRs), signer.ErrInvalidURI)
+			u.Path, tpmpolicy.PCRList(blob.PCRs), tpmpolicy.PCRList(u.PCRs), signer.ErrInvalidURI)
 	}
-	pub, err := blob.public.Contents()
+	pub, err := blob.Public.Contents()
 	if err != nil {
 		return nil, fmt.Errorf("tpm: key blob %s: %w", u.Path, err)
 	}
-	if _, err := checkKeyPublic(pub); err != nil {
+	if _, err := tpmpolicy.CheckKeyPublic(pub); err != nil {
 		return nil, fmt.Errorf("tpm: key blob %s: %w", u.Path, err)
 	}
-	want, err := blob.authPolicy()
+	want, err := blob.AuthPolicy()
 	if err != nil {
 		return nil, err
 	}
 	if !slices.Equal(want, pub.AuthPolicy.Buffer) {
 		return nil, fmt.Errorf("tpm: key blob %s: its recorded policy does not reproduce the key's authPolicy", u.Path)
 	}
-	if len(u.Authorities) > 0 && !sameAuthorities(u.Authorities, blob.authorities) {
+	if len(u.Authorities) > 0 && !tpmpolicy.SameAuthorities(u.Authorities, blob.Authorities) {
 		return nil, fmt.Errorf("tpm: key blob %s is under other policy authorities than the URI's authority=: %w", u.Path, signer.ErrInvalidURI)
 	}
-	return &keyMaterial{blob: blob, pcrs: blob.pcrs, pcrDigest: blob.pcrDigest, authorities: blob.authorities, binding: blob.binding}, nil
+	return &keyMaterial{blob: blob, pcrs: blob.PCRs, pcrDigest: blob.PCRDigest, authorities: blob.Authorities, binding: blob.Binding}, nil
 }
 
 // checkURIBinding checks a key URI against the binding its blob records.
-func checkURIBinding(u KeyURI, b Binding) error {
+func checkURIBinding(u KeyURI, b tpmpolicy.Binding) error {
 	switch {
 	case u.Systemd && !b.Systemd():
 		return fmt.Errorf("tpm: key blob %s is not systemd-compatible (its policy is %s) but the URI says systemd=true: %w", u.Path, b, signer.ErrInvalidURI)
-	case b.pcrs != nil && u.PCRsSet && !slices.Equal(u.PCRs, b.pcrs):
+	case b.PCRs() != nil && u.PCRsSet && !slices.Equal(u.PCRs, b.PCRs()):
 		return fmt.Errorf("tpm: key blob %s binds sha256 PCRs %s in its policy (%s) but the URI says pcrs=%s: %w",
-			u.Path, pcrList(b.pcrs), b, pcrList(u.PCRs), signer.ErrInvalidURI)
+			u.Path, tpmpolicy.PCRList(b.PCRs()), b, tpmpolicy.PCRList(u.PCRs), signer.ErrInvalidURI)
 	}
-	return nil
+	return checkURIRevocation(u, b)
 }
 
 // curveFor maps an algorithm to a TPM curve, refusing what a TPM cannot hold.
@@ -342,7 +338,7 @@ func (b *Backend) generate(ctx context.Context, u KeyURI, alg signer.Algorithm) 
 	if err := checkFree(u); err != nil {
 		return nil, err
 	}
-	var blob *keyBlob
+	var blob *tpmpolicy.KeyBlob
 	err = b.withConn(ctx, u, b.reclaiming(u, func(t transport.TPM) error {
 		digest, policy, parent, err := prepareKey(t, u, curve)
 		if err != nil {
@@ -351,14 +347,14 @@ func (b *Backend) generate(ctx context.Context, u KeyURI, alg signer.Algorithm) 
 		defer flush(t, parent.handle)
 		rsp, err := tpm2.Create{
 			ParentHandle: parent.auth(),
-			InPublic:     tpm2.New2B(keyTemplate(curve, policy, false)),
+			InPublic:     tpm2.New2B(tpmpolicy.KeyTemplate(curve, policy, false)),
 			OutsideInfo:  tpm2.TPM2BData{Buffer: []byte(creationLabel)},
-			CreationPCR:  pcrSelection(u.PCRs),
+			CreationPCR:  tpmpolicy.PCRSelection(u.PCRs),
 		}.Execute(t)
 		if err != nil {
 			return fmt.Errorf("create key (TPM2_Create): %w", err)
 		}
-		blob = &keyBlob{public: rsp.OutPublic, private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest, authorities: u.Authorities, binding: u.binding()}
+		blob = &tpmpolicy.KeyBlob{Public: rsp.OutPublic, Private: rsp.OutPrivate, PCRs: u.PCRs, PCRDigest: digest, Authorities: u.Authorities, Binding: u.binding()}
 		return b.persistWithEvidence(t, u, parent, blob, rsp)
 	}))
 	if err != nil {
@@ -395,7 +391,10 @@ func prepareKey(t transport.TPM, u KeyURI, curve tpm2.TPMECCCurve) (pcrDigest, p
 	if len(u.Authorities) > 0 {
 		// Signed policies: nothing depends on the PCRs' values now; the
 		// selection is bound in the policyRef.
-		if policy, _, err = authorizedPolicyRef(u.Authorities, u.binding().ref); err != nil {
+		if policy, _, err = tpmpolicy.AuthorizedPolicy(u.Authorities, u.binding().Ref()); err != nil {
+			return nil, nil, nil, err
+		}
+		if err := ensureCounter(t, u.binding()); err != nil {
 			return nil, nil, nil, err
 		}
 		parent, err = createSRK(t)
@@ -405,8 +404,8 @@ func prepareKey(t transport.TPM, u KeyURI, curve tpm2.TPMECCCurve) (pcrDigest, p
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	pcrDigest = pcrDigestOf(values)
-	if policy, err = computeAuthPolicy(u.PCRs, pcrDigest); err != nil {
+	pcrDigest = tpmpolicy.PCRDigest(values)
+	if policy, err = tpmpolicy.PCRAuthPolicy(u.PCRs, pcrDigest); err != nil {
 		return nil, nil, nil, err
 	}
 	if parent, err = createSRK(t); err != nil {
@@ -452,7 +451,7 @@ func (b *Backend) Import(ctx context.Context, uri string, key crypto.Signer) (si
 	if r == nil {
 		r = rand.Reader
 	}
-	var blob *keyBlob
+	var blob *tpmpolicy.KeyBlob
 	err = b.withConn(ctx, u, b.reclaiming(u, func(t transport.TPM) error {
 		digest, policy, parent, err := prepareKey(t, u, curve)
 		if err != nil {
@@ -485,7 +484,7 @@ func (b *Backend) Import(ctx context.Context, uri string, key crypto.Signer) (si
 		if err != nil {
 			return fmt.Errorf("import key (TPM2_Import): %w", err)
 		}
-		blob = &keyBlob{public: tpm2.New2B(pub), private: rsp.OutPrivate, pcrs: u.PCRs, pcrDigest: digest, authorities: u.Authorities, binding: u.binding()}
+		blob = &tpmpolicy.KeyBlob{Public: tpm2.New2B(pub), Private: rsp.OutPrivate, PCRs: u.PCRs, PCRDigest: digest, Authorities: u.Authorities, Binding: u.binding()}
 		return b.persist(t, u, parent, blob)
 	}))
 	if err != nil {
@@ -511,7 +510,7 @@ func importAreas(r io.Reader, priv *ecdsa.PrivateKey, curve tpm2.TPMECCCurve, po
 	}
 	point := ecdhKey.PublicKey().Bytes() // 0x04 || X || Y
 	d := ecdhKey.Bytes()
-	pub := keyTemplate(curve, policy, true)
+	pub := tpmpolicy.KeyTemplate(curve, policy, true)
 	pub.Unique = tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{
 		X: tpm2.TPM2BECCParameter{Buffer: point[1 : 1+size]},
 		Y: tpm2.TPM2BECCParameter{Buffer: point[1+size:]},
@@ -567,9 +566,9 @@ func checkCurveAndHandle(t transport.TPM, u KeyURI, curve tpm2.TPMECCCurve) erro
 
 // persist stores a new key: as a blob file, or loaded and made persistent
 // with TPM2_EvictControl (owner authorization, empty owner password).
-func (b *Backend) persist(t transport.TPM, u KeyURI, parent *srk, blob *keyBlob) error {
+func (b *Backend) persist(t transport.TPM, u KeyURI, parent *srk, blob *tpmpolicy.KeyBlob) error {
 	if u.Path != "" {
-		data, err := blob.marshalPEM("steward-trustd OS CA")
+		data, err := blob.MarshalPEM("steward-trustd OS CA")
 		if err != nil {
 			return err
 		}
@@ -581,7 +580,7 @@ func (b *Backend) persist(t transport.TPM, u KeyURI, parent *srk, blob *keyBlob)
 		}
 		return nil
 	}
-	rsp, err := tpm2.Load{ParentHandle: parent.auth(), InPrivate: blob.private, InPublic: blob.public}.Execute(t)
+	rsp, err := tpm2.Load{ParentHandle: parent.auth(), InPrivate: blob.Private, InPublic: blob.Public}.Execute(t)
 	if err != nil {
 		return fmt.Errorf("load new key (TPM2_Load): %w", err)
 	}
@@ -598,8 +597,8 @@ func (b *Backend) persist(t transport.TPM, u KeyURI, parent *srk, blob *keyBlob)
 }
 
 // finish opens the signer for a key just created.
-func (b *Backend) finish(ctx context.Context, u KeyURI, blob *keyBlob, how string) (*Signer, error) {
-	k := &keyMaterial{pcrs: u.PCRs, pcrDigest: blob.pcrDigest, authorities: blob.authorities, binding: blob.binding}
+func (b *Backend) finish(ctx context.Context, u KeyURI, blob *tpmpolicy.KeyBlob, how string) (*Signer, error) {
+	k := &keyMaterial{pcrs: u.PCRs, pcrDigest: blob.PCRDigest, authorities: blob.Authorities, binding: blob.Binding}
 	if u.Path != "" {
 		k.blob = blob
 	}

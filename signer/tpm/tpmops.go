@@ -1,7 +1,6 @@
 package tpm
 
 import (
-	"crypto/ecdsa"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -9,6 +8,8 @@ import (
 
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
+
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // srkTemplate is the TCG EK Credential Profile template H-2 (ECC NIST P-256,
@@ -82,7 +83,7 @@ func flush(t transport.TPM, h tpm2.TPMHandle) {
 
 // loadBlob loads a key blob under the SRK and returns its transient handle;
 // the SRK is flushed before returning so only the key stays loaded.
-func loadBlob(t transport.TPM, b *keyBlob) (tpm2.TPMHandle, tpm2.TPM2BName, error) {
+func loadBlob(t transport.TPM, b *tpmpolicy.KeyBlob) (tpm2.TPMHandle, tpm2.TPM2BName, error) {
 	parent, err := createSRK(t)
 	if err != nil {
 		return 0, tpm2.TPM2BName{}, err
@@ -90,8 +91,8 @@ func loadBlob(t transport.TPM, b *keyBlob) (tpm2.TPMHandle, tpm2.TPM2BName, erro
 	defer flush(t, parent.handle)
 	rsp, err := tpm2.Load{
 		ParentHandle: parent.auth(),
-		InPrivate:    b.private,
-		InPublic:     b.public,
+		InPrivate:    b.Private,
+		InPublic:     b.Public,
 	}.Execute(t)
 	if err != nil {
 		return 0, tpm2.TPM2BName{}, fmt.Errorf("load key blob (TPM2_Load): %w", err)
@@ -103,7 +104,7 @@ func loadBlob(t transport.TPM, b *keyBlob) (tpm2.TPMHandle, tpm2.TPM2BName, erro
 func ReadPCRs(t transport.TPM, pcrs []int) ([][]byte, error) {
 	out := make([][]byte, 0, len(pcrs))
 	for _, p := range pcrs {
-		rsp, err := tpm2.PCRRead{PCRSelectionIn: pcrSelection([]int{p})}.Execute(t)
+		rsp, err := tpm2.PCRRead{PCRSelectionIn: tpmpolicy.PCRSelection([]int{p})}.Execute(t)
 		if err != nil {
 			return nil, fmt.Errorf("read PCR %d (TPM2_PCR_Read): %w", p, err)
 		}
@@ -113,99 +114,6 @@ func ReadPCRs(t transport.TPM, pcrs []int) ([][]byte, error) {
 		out = append(out, rsp.PCRValues.Digests[0].Buffer)
 	}
 	return out, nil
-}
-
-// pcrDigestOf is the PolicyPCR pcrDigest: SHA-256 over the selected PCR
-// values concatenated in index order (TPM 2.0 Part 3 §23.7).
-func pcrDigestOf(values [][]byte) []byte {
-	h := sha256.New()
-	for _, v := range values {
-		h.Write(v)
-	}
-	return h.Sum(nil)
-}
-
-// computeAuthPolicy is the key's authPolicy: PolicyPCR(pcrs, pcrDigest)
-// then PolicyCommandCode(TPM_CC_Sign), computed in software (Part 3 §23.7,
-// §23.11).
-func computeAuthPolicy(pcrs []int, pcrDigest []byte) ([]byte, error) {
-	pc, err := tpm2.NewPolicyCalculator(tpm2.TPMAlgSHA256)
-	if err != nil {
-		return nil, err
-	}
-	if err := (tpm2.PolicyPCR{PcrDigest: tpm2.TPM2BDigest{Buffer: pcrDigest}, Pcrs: pcrSelection(pcrs)}).Update(pc); err != nil {
-		return nil, fmt.Errorf("compute policy: %w", err)
-	}
-	if err := (tpm2.PolicyCommandCode{Code: tpm2.TPMCCSign}).Update(pc); err != nil {
-		return nil, fmt.Errorf("compute policy: %w", err)
-	}
-	return pc.Hash().Digest, nil
-}
-
-// keyTemplate is the public area of a CA key. userWithAuth is clear so the
-// empty auth value cannot bypass the policy, adminWithPolicy is set so the
-// admin role (TPM2_ObjectChangeAuth, TPM2_Certify of the key) also needs
-// the policy, which only ever allows TPM2_Sign. noDA is set because the
-// key has no auth value to guess and a daemon retrying a refused policy
-// must not lock the TPM out. The scheme is TPM_ALG_NULL so that each
-// TPM2_Sign names its hash. Imported keys cannot be fixedTPM/fixedParent
-// (Part 3 §13.3.1) and their sensitive data did not originate in the TPM.
-func keyTemplate(curve tpm2.TPMECCCurve, authPolicy []byte, imported bool) tpm2.TPMTPublic {
-	return tpm2.TPMTPublic{
-		Type:    tpm2.TPMAlgECC,
-		NameAlg: tpm2.TPMAlgSHA256,
-		ObjectAttributes: tpm2.TPMAObject{
-			FixedTPM:            !imported,
-			FixedParent:         !imported,
-			SensitiveDataOrigin: !imported,
-			UserWithAuth:        false,
-			AdminWithPolicy:     true,
-			NoDA:                true,
-			SignEncrypt:         true,
-		},
-		AuthPolicy: tpm2.TPM2BDigest{Buffer: authPolicy},
-		Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
-			Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
-			Scheme:    tpm2.TPMTECCScheme{Scheme: tpm2.TPMAlgNull},
-			CurveID:   curve,
-			KDF:       tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
-		}),
-		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{}),
-	}
-}
-
-// checkKeyPublic verifies that a public area found in a blob or at a handle
-// is a key this backend would have made, and returns its public key.
-func checkKeyPublic(p *tpm2.TPMTPublic) (*ecdsa.PublicKey, error) {
-	if p.Type != tpm2.TPMAlgECC {
-		return nil, fmt.Errorf("key type %v is not ECC", p.Type)
-	}
-	a := p.ObjectAttributes
-	if !a.SignEncrypt || a.Decrypt || a.Restricted {
-		return nil, errors.New("key is not an unrestricted signing key")
-	}
-	if a.UserWithAuth {
-		return nil, errors.New("key has userWithAuth set: its empty auth value would bypass the PCR policy; re-create it with this backend")
-	}
-	if p.NameAlg != tpm2.TPMAlgSHA256 || len(p.AuthPolicy.Buffer) != sha256.Size {
-		return nil, errors.New("key has no sha256 authPolicy")
-	}
-	ecc, err := p.Parameters.ECCDetail()
-	if err != nil {
-		return nil, err
-	}
-	if ecc.CurveID != tpm2.TPMECCNistP256 && ecc.CurveID != tpm2.TPMECCNistP384 {
-		return nil, fmt.Errorf("key curve %v is not P-256 or P-384", ecc.CurveID)
-	}
-	pt, err := p.Unique.ECC()
-	if err != nil {
-		return nil, err
-	}
-	pub, err := tpm2.ECDSAPub(ecc, pt)
-	if err != nil {
-		return nil, fmt.Errorf("key public point: %w", err)
-	}
-	return pub, nil
 }
 
 // curveSupported asks the TPM whether it implements curve.

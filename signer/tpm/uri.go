@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-tpm/tpm2"
 
 	"github.com/steward-trustd/steward-trustd/signer"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // Scheme is the key URI scheme of this backend.
@@ -32,10 +33,6 @@ const (
 // holds the Secure Boot policy state, which is what a CA key should be
 // bound to on a Talos node.
 const DefaultPCR = 7
-
-// MaxPCR is the highest PCR index a selection may name (a PC Client TPM
-// has 24 PCRs).
-const MaxPCR = 23
 
 // Timeout bounds.
 const (
@@ -87,7 +84,7 @@ func (d Device) singleClient() bool {
 	case DeviceTCP, DeviceUnix:
 		return true
 	case DeviceChar:
-		return !strings.HasPrefix(filepath.Base(d.Addr), "tpmrm")
+		return !isResourceManager(d.Addr)
 	}
 	return false
 }
@@ -112,13 +109,23 @@ type KeyURI struct {
 	// Authorities are the policy authorities a new key is created under
 	// (authority=, set by the ceremony with WithAuthorities). For Open of
 	// a blob the authorities come from the blob, and these must equal them.
-	Authorities []*Authority
+	Authorities []*tpmpolicy.Authority
 	// Systemd (systemd=true) makes a new key under policy authorities
 	// systemd-compatible: empty policyRef, PCR 11 (SystemdBinding), so
 	// that systemd-measure's approvals satisfy it. For Open of a blob the
 	// blob says; a given systemd=true must agree.
 	Systemd bool
-	// legacy makes a new key under policy authorities a v1 key (PolicyRef,
+	// Revocation (revocation=0x01xxxxxx) makes a new key under policy
+	// authorities revocable: its approvals carry an epoch checked by the
+	// TPM against the NV counter at this index (tpmpolicy.RevocableBinding;
+	// the ceremony's --revocable). For Open of a blob the blob says; a
+	// given revocation= must agree.
+	Revocation tpm2.TPMHandle
+	// Connections is how many connections to the TPM the signer keeps
+	// (connections=, 1 or 2; defaultConnections if not named), each with
+	// the key loaded and a policy session of its own.
+	Connections int
+	// legacy makes a new key under policy authorities a v1 key (tpmpolicy.PolicyRef,
 	// selection not bound). Only the tests of v1 compatibility set it:
 	// no URI can.
 	legacy bool
@@ -126,16 +133,18 @@ type KeyURI struct {
 
 // binding is the binding of a key the URI creates (or of a handle= key,
 // which records none): systemd, or v2 over the URI's PCRs.
-func (u KeyURI) binding() Binding {
+func (u KeyURI) binding() tpmpolicy.Binding {
 	switch {
 	case u.Systemd:
-		return SystemdBinding()
+		return tpmpolicy.SystemdBinding()
 	case u.legacy:
-		return legacyBinding()
+		return tpmpolicy.LegacyBinding()
+	case u.Revocation != 0:
+		return revocableBinding(u)
 	}
-	b, err := BindingForPCRs(u.PCRs)
+	b, err := tpmpolicy.BindingForPCRs(u.PCRs)
 	if err != nil {
-		return Binding{} // unreachable: ParseURI checked the PCRs with the same rule
+		return tpmpolicy.Binding{} // unreachable: ParseURI checked the PCRs with the same rule
 	}
 	return b
 }
@@ -152,7 +161,7 @@ func (u KeyURI) String() string {
 		parts = append(parts, u.Device.String())
 	}
 	if u.PCRsSet {
-		parts = append(parts, "pcrs="+pcrList(u.PCRs))
+		parts = append(parts, "pcrs="+tpmpolicy.PCRList(u.PCRs))
 	}
 	if u.Timeout != DefaultTimeout {
 		parts = append(parts, "timeout="+u.Timeout.String())
@@ -163,15 +172,13 @@ func (u KeyURI) String() string {
 	if u.Systemd {
 		parts = append(parts, "systemd=true")
 	}
-	return Scheme + ":" + strings.Join(parts, ";")
-}
-
-func pcrList(pcrs []int) string {
-	s := make([]string, len(pcrs))
-	for i, p := range pcrs {
-		s[i] = strconv.Itoa(p)
+	if u.Revocation != 0 {
+		parts = append(parts, fmt.Sprintf("revocation=0x%08x", uint32(u.Revocation)))
 	}
-	return strings.Join(s, ",")
+	if u.Connections != defaultConnections(u.Device) {
+		parts = append(parts, "connections="+strconv.Itoa(u.Connections))
+	}
+	return Scheme + ":" + strings.Join(parts, ";")
 }
 
 func uriErr(format string, args ...any) error {
@@ -205,6 +212,12 @@ func ParseURI(uri string) (KeyURI, error) {
 	if err := p.systemd(); err != nil {
 		return KeyURI{}, err
 	}
+	if err := p.revocation(); err != nil {
+		return KeyURI{}, err
+	}
+	if err := p.connections(); err != nil {
+		return KeyURI{}, err
+	}
 	return p.u, nil
 }
 
@@ -213,6 +226,20 @@ type uriParser struct {
 	u          KeyURI
 	seen       map[string]bool
 	deviceAttr string // the attribute that named the TPM, if any
+	conns      string // connections=, checked against the device at the end
+}
+
+// connections sets the connection count: connections= if given (checked
+// against the device, whichever attribute came first), else the device's
+// default.
+func (p *uriParser) connections() error {
+	if p.conns == "" {
+		p.u.Connections = defaultConnections(p.u.Device)
+		return nil
+	}
+	n, err := parseConnections(p.conns, p.u.Device)
+	p.u.Connections = n
+	return err
 }
 
 // systemd checks systemd=true: the key is under a policy authority
@@ -223,10 +250,10 @@ func (p *uriParser) systemd() error {
 		return nil
 	case p.u.Approvals == "":
 		return uriErr("systemd=true applies to a key under a policy authority; name its approvals directory (approvals=/dir)")
-	case p.u.PCRsSet && !slices.Equal(p.u.PCRs, []int{SystemdPCR}):
-		return uriErr("systemd=true binds PCR %d, the one systemd-measure signs for, not pcrs=%s", SystemdPCR, pcrList(p.u.PCRs))
+	case p.u.PCRsSet && !slices.Equal(p.u.PCRs, []int{tpmpolicy.SystemdPCR}):
+		return uriErr("systemd=true binds PCR %d, the one systemd-measure signs for, not pcrs=%s", tpmpolicy.SystemdPCR, tpmpolicy.PCRList(p.u.PCRs))
 	}
-	p.u.PCRs = []int{SystemdPCR}
+	p.u.PCRs = []int{tpmpolicy.SystemdPCR}
 	return nil
 }
 
@@ -262,7 +289,7 @@ func (p *uriParser) apply(k, v string) error {
 		p.deviceAttr = k
 		p.u.Device, err = parseDevice(k, v)
 	case "pcrs":
-		p.u.PCRs, err = ParsePCRs(v)
+		p.u.PCRs, err = tpmpolicy.ParsePCRs(v)
 		p.u.PCRsSet = true
 	case "timeout":
 		p.u.Timeout, err = parseTimeout(v)
@@ -275,8 +302,12 @@ func (p *uriParser) apply(k, v string) error {
 			return uriErr("systemd=%q: the only value is true", v)
 		}
 		p.u.Systemd = true
+	case "revocation":
+		p.u.Revocation, err = parseRevocationIndex(v)
+	case "connections":
+		p.conns = v
 	default:
-		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority, systemd)", k)
+		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority, systemd, revocation, connections)", k)
 	}
 	return err
 }
@@ -344,57 +375,11 @@ func parseDevice(k, v string) (Device, error) {
 	return Device{Kind: DeviceTCP, Addr: v}, nil
 }
 
-// ParsePCRs parses a comma-separated list of sha256 PCR indices (0-23), no
-// duplicates, and returns it sorted. It is the one rule for every PCR
-// selection: keys, approvals, quotes and attestation. It refuses the PCRs
-// software can reset (ResettablePCR): a policy over them proves nothing.
-func ParsePCRs(v string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(v, ",") {
-		n, err := strconv.Atoi(f)
-		if err != nil || n < 0 || n > MaxPCR || strconv.Itoa(n) != f {
-			return nil, uriErr("pcrs: %q is not a PCR index 0-%d", f, MaxPCR)
-		}
-		if why := ResettablePCR(n); why != "" {
-			return nil, uriErr("pcrs: PCR %d %s, so a policy over it proves nothing about how the machine booted; "+
-				"bind to PCRs that only a reboot resets (0-15, e.g. 7, the Secure Boot state, the default)", n, why)
-		}
-		if slices.Contains(out, n) {
-			return nil, uriErr("pcrs: PCR %d given twice", n)
-		}
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out, nil
-}
-
-// ResettablePCR says why software can reset PCR n with TPM2_PCR_Reset
-// (TPM 2.0 Part 3 §22.3) on a PC Client platform, or "" if only a reboot
-// (or the hardware's own DRTM event) resets it. The TCG PC Client Platform
-// TPM Profile's PCR attributes (as in the reference implementation's
-// PCR.c): PCR 16 (debug) and 23 (application) reset from localities 0-3,
-// i.e. by any process that can open the TPM; PCRs 20-22 from locality 2,
-// the dynamically launched OS (after an Intel TXT / AMD SKINIT launch the
-// kernel, so root, holds it). PCRs 17-19 reset only from locality 4, which
-// only the DRTM hardware event reaches, and that event measures what it
-// launches: they stay allowed.
-func ResettablePCR(n int) string {
-	switch {
-	case n == 16:
-		return "is the debug PCR, which any process with TPM access can reset (TPM2_PCR_Reset from locality 0)"
-	case n == 23:
-		return "is the application PCR, which any process with TPM access can reset (TPM2_PCR_Reset from locality 0)"
-	case n >= 20 && n <= 22:
-		return "can be reset by the dynamically launched OS (TPM2_PCR_Reset from locality 2)"
-	}
-	return ""
-}
-
 // IsKeyURI reports whether uri names a key of this backend (its scheme is
 // tpm:), without checking the rest.
 func IsKeyURI(uri string) bool { return strings.HasPrefix(uri, Scheme+":") }
 
-// WithPCRs returns uri with the PCR selection pcrs (see ParsePCRs), so
+// WithPCRs returns uri with the PCR selection pcrs (see tpmpolicy.ParsePCRs), so
 // that a ceremony's --pcrs flag and the URI's pcrs= attribute cannot
 // disagree: uri must be a valid tpm: key URI; if it already names pcrs=
 // the selections must be equal (uri is returned unchanged), otherwise
@@ -411,17 +396,17 @@ func WithPCRs(uri string, pcrs []int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	want, err := ParsePCRs(pcrList(pcrs)) // the one rule: range, duplicates, order
+	want, err := tpmpolicy.ParsePCRs(tpmpolicy.PCRList(pcrs)) // the one rule: range, duplicates, order
 	if err != nil {
 		return "", err
 	}
 	if u.PCRsSet {
 		if !slices.Equal(u.PCRs, want) {
-			return "", uriErr("the key URI already selects PCRs %s, the PCR selection given is %s", pcrList(u.PCRs), pcrList(want))
+			return "", uriErr("the key URI already selects PCRs %s, the PCR selection given is %s", tpmpolicy.PCRList(u.PCRs), tpmpolicy.PCRList(want))
 		}
 		return uri, nil
 	}
-	return uri + ";pcrs=" + pcrList(want), nil
+	return uri + ";pcrs=" + tpmpolicy.PCRList(want), nil
 }
 
 // scheme is the scheme of a key URI, for messages (never the rest, which
@@ -436,8 +421,8 @@ func scheme(uri string) string {
 
 // parseAuthorities decodes authority=: a comma-separated list of base64url
 // (unpadded) DER SubjectPublicKeyInfo, at most MaxAuthorities, distinct.
-func parseAuthorities(v string) ([]*Authority, error) {
-	var out []*Authority
+func parseAuthorities(v string) ([]*tpmpolicy.Authority, error) {
+	var out []*tpmpolicy.Authority
 	for _, f := range strings.Split(v, ",") {
 		der, err := base64.RawURLEncoding.DecodeString(f)
 		if err != nil {
@@ -447,17 +432,17 @@ func parseAuthorities(v string) ([]*Authority, error) {
 		if err != nil {
 			return nil, uriErr("authority: %v", err)
 		}
-		a, err := NewAuthority(pub)
+		a, err := tpmpolicy.NewAuthority(pub)
 		if err != nil {
 			return nil, uriErr("authority: %v", err)
 		}
-		if slices.ContainsFunc(out, func(x *Authority) bool { return x.fp == a.fp }) {
-			return nil, uriErr("authority %s given twice", a.fp)
+		if slices.ContainsFunc(out, func(x *tpmpolicy.Authority) bool { return x.Fingerprint() == a.Fingerprint() }) {
+			return nil, uriErr("authority %s given twice", a.Fingerprint())
 		}
 		out = append(out, a)
 	}
-	if len(out) > MaxAuthorities {
-		return nil, uriErr("at most %d policy authorities (PolicyOR branches)", MaxAuthorities)
+	if len(out) > tpmpolicy.MaxAuthorities {
+		return nil, uriErr("at most %d policy authorities (PolicyOR branches)", tpmpolicy.MaxAuthorities)
 	}
 	return out, nil
 }
@@ -477,7 +462,7 @@ func WithAuthorities(uri string, pubs []crypto.PublicKey) (string, error) {
 	}
 	parts := make([]string, len(pubs))
 	for i, pub := range pubs {
-		if _, err := NewAuthority(pub); err != nil {
+		if _, err := tpmpolicy.NewAuthority(pub); err != nil {
 			return "", err
 		}
 		der, err := x509.MarshalPKIXPublicKey(pub)

@@ -80,7 +80,7 @@ func lastReceipt(t *testing.T, dir, op string) keystore.Receipt {
 	}
 	var last keystore.Receipt
 	for _, r := range rs {
-		if r.Operation == op {
+		if string(r.Operation) == op {
 			last = r
 		}
 	}

@@ -109,8 +109,8 @@ func checkAttestReceipts(t *testing.T, dir string) {
 	}
 	var outcomes []string
 	for _, r := range rs {
-		if strings.HasPrefix(r.Operation, "verify-attestation") || r.Operation == "attest" {
-			outcomes = append(outcomes, r.Operation+":"+r.Details["outcome"]+":"+r.Details["check"])
+		if strings.HasPrefix(string(r.Operation), "verify-attestation") || r.Operation == "attest" {
+			outcomes = append(outcomes, string(r.Operation)+":"+r.Details["outcome"]+":"+r.Details["check"])
 		}
 	}
 	want := []string{"attest::", "verify-attestation:verified; activation challenge written:",

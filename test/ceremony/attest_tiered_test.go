@@ -153,10 +153,10 @@ func outcomes(t *testing.T, dir, prefix string) []string {
 	}
 	var out []string
 	for _, r := range rs {
-		if !strings.HasPrefix(r.Operation, prefix) || r.Operation == "intermediate.request" || r.Operation == "intermediate.key" {
+		if !strings.HasPrefix(string(r.Operation), prefix) || r.Operation == "intermediate.request" || r.Operation == "intermediate.key" {
 			continue
 		}
-		s := r.Operation + " " + r.Details["outcome"] + " " + r.Details["check"]
+		s := string(r.Operation) + " " + r.Details["outcome"] + " " + r.Details["check"]
 		for _, a := range []string{"not attested", "pending activation", "attested"} {
 			if strings.HasPrefix(r.Details["attestation"], a) {
 				s += a

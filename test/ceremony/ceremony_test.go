@@ -257,7 +257,7 @@ func (lr *lifecycleRun) checkReceipts(uri string) {
 	st := status(t, lr.env, uri, lr.caCrt)
 	var ops []string
 	for _, r := range st.Receipts {
-		ops = append(ops, r.Operation)
+		ops = append(ops, string(r.Operation))
 		if r.Backend != lr.b.name || r.KeyFingerprint == "" || r.ToolVersion == "" {
 			t.Errorf("receipt %+v", r)
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/steward-trustd/steward-trustd/internal/doctor"
 	"github.com/steward-trustd/steward-trustd/keystore"
 	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 	"github.com/steward-trustd/steward-trustd/tpmsim"
 )
 
@@ -234,7 +235,7 @@ func TestSignedPolicyQuoteRefusals(t *testing.T) {
 	if r := approve(otherAK); r.code != 1 || !strings.Contains(r.stderr, "attestation key") {
 		t.Errorf("quote checked against another TPM's AK: %s", r)
 	}
-	var q tpm.Quote
+	var q tpmpolicy.Quote
 	if err := json.Unmarshal(readFile(t, quote), &q); err != nil {
 		t.Fatal(err)
 	}

@@ -303,7 +303,7 @@ func checkRequestAfterKill(t *testing.T, root, step string) {
 	}
 	count := map[string]int{}
 	for _, r := range rs {
-		count[r.Operation]++
+		count[string(r.Operation)]++
 	}
 	if count["intermediate.key"] != 1 || count["intermediate.request"] < 1 {
 		t.Errorf("killed at %s: receipts %v, want one intermediate.key and a request", step, count)

@@ -1,9 +1,9 @@
 // Package cli is the command-line idiom shared by steward-trustd,
-// steward-trustd-ceremony and steward-trustd-gencreds: one usage error
-// type and its exit status, --version and a shell `completion` command on
-// every binary, long flags written with one dash or two, and flag types
-// that refuse bad values at parse time (lists, bounded durations, PCR
-// selections).
+// steward-trustd-ceremony, steward-trustd-gencreds and steward-tpm-relay:
+// one usage error type and its exit status, --version and a shell
+// `completion` command on every binary, long flags written with one dash
+// or two, and flag types that refuse bad values at parse time (lists,
+// bounded durations, PCR selections).
 package cli
 
 import (

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/steward-trustd/steward-trustd/signer/tpm"
+	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
 // Validity bounds of the --hours flags. A CA outliving 20 years, or a
@@ -176,7 +176,7 @@ func PCRsVar(fs *pflag.FlagSet, p *[]int, name, usage string) {
 // one its key URIs' pcrs= attribute uses (sorted, 0-23, no duplicates).
 // It is the only place the command line parses PCRs.
 func ParsePCRs(s string) ([]int, error) {
-	return tpm.ParsePCRs(s)
+	return tpmpolicy.ParsePCRs(s)
 }
 
 // Required returns a usage error naming, in order, every flag whose value

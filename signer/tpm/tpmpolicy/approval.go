@@ -1,8 +1,7 @@
-package tpm
+package tpmpolicy
 
 import (
 	"bytes"
-	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/rand"
@@ -19,7 +18,6 @@ import (
 	"time"
 
 	"github.com/google/go-tpm/tpm2"
-	"github.com/google/go-tpm/tpm2/transport"
 )
 
 // ApprovalFile is an approval file: systemd's tpm2-pcr-signature.json
@@ -38,8 +36,16 @@ type Approval struct {
 	// (ours) or of its PKCS#1 RSAPublicKey (systemd-measure's); both are
 	// accepted.
 	PKFP string `json:"pkfp"`
-	// Pol is the hex PolicyPCR digest (SHA-256 session) of the state.
+	// Pol is the hex PolicyPCR digest (SHA-256 session) of the state; for
+	// a revocable key, that digest extended with PolicyNV(counter <=
+	// Epoch) (EpochPolicyDigest).
 	Pol string `json:"pol"`
+	// Epoch (revocable keys only) is the revocation epoch the approval
+	// was written at: it satisfies the key while the key's NV counter is
+	// at most Epoch. PCRPol is then the PolicyPCR digest alone, which
+	// the signer compares with the session's.
+	Epoch  uint64 `json:"epoch,omitempty"`
+	PCRPol string `json:"pcrPol,omitempty"`
 	// Sig is the base64 marshalled TPMT_SIGNATURE of the authority over
 	// SHA-256(pol || ref); the raw RSASSA-PKCS1-v1_5 signature bytes
 	// (systemd-measure's form) are accepted too.
@@ -62,6 +68,10 @@ const MaxApprovalFileSize = 64 << 10
 
 // ApprovalMeta is the informational part of a new approval.
 type ApprovalMeta struct {
+	// Epoch is the revocation epoch of an approval of a revocable key:
+	// the counter's current value (what policy revoke left it at). It
+	// must be given (counters start at 1) for such a key, and 0 for others.
+	Epoch      uint64
 	ApprovedBy string
 	Note       string
 	CreatedAt  time.Time
@@ -79,26 +89,48 @@ func SignApproval(authority crypto.Signer, b Binding, pcrs []int, values [][]byt
 	if err := b.check(pcrs); err != nil {
 		return nil, fmt.Errorf("approval: %w", err)
 	}
-	pol, err := PCRPolicyDigest(pcrs, values) // checks the selection as checkApproval does
+	pcrPol, err := PCRPolicyDigest(pcrs, values) // checks the selection as checkApproval does
 	if err != nil {
 		return nil, fmt.Errorf("approval: %w", err)
 	}
-	sig, err := signTPMT(authority, a, approvalDigest(pol, b.ref))
+	pol, err := approvedPolicy(b, pcrPol, meta.Epoch)
+	if err != nil {
+		return nil, fmt.Errorf("approval: %w", err)
+	}
+	sig, err := SignTPMT(authority, a, ApprovalDigest(pol, b.ref))
 	if err != nil {
 		return nil, fmt.Errorf("approval: the authority's signature: %w", err)
 	}
-	vals := hexValues(pcrs, values)
-	return &Approval{
+	out := &Approval{
 		PCRs: pcrs, PKFP: a.Fingerprint(), Pol: hex.EncodeToString(pol),
 		Sig: base64.StdEncoding.EncodeToString(tpm2.Marshal(sig)), Ref: b.ref,
-		PCRValues: vals, ApprovedBy: meta.ApprovedBy, Note: meta.Note, CreatedAt: meta.CreatedAt.UTC(),
-	}, nil
+		PCRValues: HexValues(pcrs, values), ApprovedBy: meta.ApprovedBy, Note: meta.Note, CreatedAt: meta.CreatedAt.UTC(),
+	}
+	if b.Revocable() {
+		out.Epoch, out.PCRPol = meta.Epoch, hex.EncodeToString(pcrPol)
+	}
+	return out, nil
 }
 
-// signTPMT signs digest with k and wraps the signature as the TPM wants
+// approvedPolicy is the policy an approval of binding b signs for the
+// PolicyPCR digest pcrPol: pcrPol itself, or for a revocable key pcrPol
+// extended with PolicyNV(counter <= epoch).
+func approvedPolicy(b Binding, pcrPol []byte, epoch uint64) ([]byte, error) {
+	switch {
+	case b.Revocable() && epoch == 0:
+		return nil, fmt.Errorf("the key's approvals are revocable (%s): give the revocation epoch to approve at (its counter's current value: steward-trustd-ceremony status, or the last policy revoke receipt)", b)
+	case b.Revocable():
+		return EpochPolicyDigest(pcrPol, b, epoch)
+	case epoch != 0:
+		return nil, fmt.Errorf("an epoch applies to a revocable key only; this key's policy is %s", b)
+	}
+	return pcrPol, nil
+}
+
+// SignTPMT signs digest with k and wraps the signature as the TPM wants
 // it for TPM2_VerifySignature: ECDSA-SHA256 (r, s) for an ECC authority,
 // RSASSA-PKCS1-v1_5-SHA256 for an RSA one (the scheme systemd-measure uses).
-func signTPMT(k crypto.Signer, a *Authority, digest []byte) (tpm2.TPMTSignature, error) {
+func SignTPMT(k crypto.Signer, a *Authority, digest []byte) (tpm2.TPMTSignature, error) {
 	switch a.pub.(type) {
 	case *ecdsa.PublicKey:
 		der, err := k.Sign(rand.Reader, digest, crypto.SHA256)
@@ -162,25 +194,29 @@ func MarshalApprovals(as ...*Approval) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-// checkedApproval is an approval verified in software against one of the
+// CheckedApproval is an approval verified in software against one of the
 // key's authorities: what the signer tries in the TPM.
-type checkedApproval struct {
-	file      string
-	pcrs      []int
-	pol       []byte
-	ref       string // the key's policyRef, checked; what VerifySignature and PolicyAuthorize name
-	sig       tpm2.TPMTSignature
-	auth      int // index into the key's authorities
-	createdAt time.Time
+type CheckedApproval struct {
+	File      string
+	PCRs      []int
+	Pol       []byte
+	Ref       string // the key's policyRef, checked; what VerifySignature and PolicyAuthorize name
+	Sig       tpm2.TPMTSignature
+	Auth      int // index into the key's authorities
+	CreatedAt time.Time
+	// PCRPol is the PolicyPCR digest the session must reach: Pol, or for
+	// a revocable key the digest before PolicyNV(counter <= Epoch).
+	PCRPol []byte
+	Epoch  uint64
 }
 
-// parseApprovals decodes an approval file and checks each entry against
+// ParseApprovals decodes an approval file and checks each entry against
 // auths and the key's binding b: the ref and PCR selection, that pkfp
 // names one of auths, that the signature over SHA-256(pol || ref)
 // verifies, and that pcrValues (if given) give pol. An entry for another
 // authority is an error: an approval that cannot unlock this key is a
 // mistake worth a log line.
-func parseApprovals(file string, data []byte, auths []*Authority, b Binding) ([]checkedApproval, error) {
+func ParseApprovals(file string, data []byte, auths []*Authority, b Binding) ([]CheckedApproval, error) {
 	if len(data) > MaxApprovalFileSize {
 		return nil, fmt.Errorf("larger than %d bytes", MaxApprovalFileSize)
 	}
@@ -192,13 +228,13 @@ func parseApprovals(file string, data []byte, auths []*Authority, b Binding) ([]
 	if len(f.SHA256) == 0 {
 		return nil, errors.New(`no "sha256" approvals`)
 	}
-	out := make([]checkedApproval, 0, len(f.SHA256))
+	out := make([]CheckedApproval, 0, len(f.SHA256))
 	for i, a := range f.SHA256 {
 		c, err := checkApproval(a, auths, b)
 		if err != nil {
 			return nil, fmt.Errorf("sha256[%d]: %w", i, err)
 		}
-		c.file = file
+		c.File = file
 		out = append(out, c)
 	}
 	return out, nil
@@ -206,37 +242,65 @@ func parseApprovals(file string, data []byte, auths []*Authority, b Binding) ([]
 
 // checkApproval verifies one approval entry against auths and the key's
 // binding b.
-func checkApproval(a Approval, auths []*Authority, b Binding) (checkedApproval, error) {
+func checkApproval(a Approval, auths []*Authority, b Binding) (CheckedApproval, error) {
 	if a.Ref != b.ref {
-		return checkedApproval{}, fmt.Errorf("ref %q is not this key's policyRef %q (key policy %s)", a.Ref, b.ref, b)
+		return CheckedApproval{}, fmt.Errorf("ref %q is not this key's policyRef %q (key policy %s)", a.Ref, b.ref, b)
 	}
 	if len(a.PCRs) == 0 || !slices.IsSorted(a.PCRs) {
-		return checkedApproval{}, fmt.Errorf("pcrs %v: want distinct ascending sha256 PCRs 0-%d", a.PCRs, MaxPCR)
+		return CheckedApproval{}, fmt.Errorf("pcrs %v: want distinct ascending sha256 PCRs 0-%d", a.PCRs, MaxPCR)
 	}
 	if err := b.check(a.PCRs); err != nil {
-		return checkedApproval{}, err
+		return CheckedApproval{}, err
 	}
 	pol, err := hex.DecodeString(a.Pol)
 	if err != nil || len(pol) != 32 {
-		return checkedApproval{}, errors.New("pol is not a hex SHA-256 digest")
+		return CheckedApproval{}, errors.New("pol is not a hex SHA-256 digest")
 	}
 	// An ECC authority has no systemd fingerprint (""): an empty pkfp
 	// must not match it.
 	idx := slices.IndexFunc(auths, func(x *Authority) bool { return a.PKFP != "" && (x.fp == a.PKFP || x.systemdFP == a.PKFP) })
 	if idx < 0 {
-		return checkedApproval{}, fmt.Errorf("signed by %s, which is not an authority of this key", a.PKFP)
+		return CheckedApproval{}, fmt.Errorf("signed by %s, which is not an authority of this key", a.PKFP)
 	}
 	sig, err := decodeSignature(auths[idx], a.Sig)
 	if err != nil {
-		return checkedApproval{}, err
+		return CheckedApproval{}, err
 	}
-	if err := verifyTPMT(auths[idx], approvalDigest(pol, a.Ref), sig); err != nil {
-		return checkedApproval{}, err
+	if err := verifyTPMT(auths[idx], ApprovalDigest(pol, a.Ref), sig); err != nil {
+		return CheckedApproval{}, err
 	}
-	if err := checkPCRValues(a, pol); err != nil {
-		return checkedApproval{}, err
+	pcrPol, err := checkEpoch(a, b, pol)
+	if err != nil {
+		return CheckedApproval{}, err
 	}
-	return checkedApproval{pcrs: a.PCRs, pol: pol, ref: b.ref, sig: sig, auth: idx, createdAt: a.CreatedAt}, nil
+	if err := checkPCRValues(a, pcrPol); err != nil {
+		return CheckedApproval{}, err
+	}
+	return CheckedApproval{PCRs: a.PCRs, Pol: pol, Ref: b.ref, Sig: sig, Auth: idx, CreatedAt: a.CreatedAt, PCRPol: pcrPol, Epoch: a.Epoch}, nil
+}
+
+// checkEpoch checks an approval's epoch fields against the key's binding
+// and returns its PolicyPCR digest: pol itself, or for a revocable key
+// pcrPol, checked to give pol with PolicyNV(counter <= epoch).
+func checkEpoch(a Approval, b Binding, pol []byte) ([]byte, error) {
+	if !b.Revocable() {
+		if a.Epoch != 0 || a.PCRPol != "" {
+			return nil, fmt.Errorf("epoch and pcrPol apply to a revocable key; this key's policy is %s", b)
+		}
+		return pol, nil
+	}
+	pcrPol, err := hex.DecodeString(a.PCRPol)
+	if err != nil || len(pcrPol) != 32 || a.Epoch == 0 {
+		return nil, errors.New("an approval of a revocable key needs epoch (> 0) and pcrPol (hex PolicyPCR digest)")
+	}
+	want, err := approvedPolicy(b, pcrPol, a.Epoch)
+	if err != nil {
+		return nil, err
+	}
+	if !bytes.Equal(want, pol) {
+		return nil, fmt.Errorf("pcrPol with PolicyNV(counter 0x%08x <= epoch %d) does not give pol", uint32(b.nv), a.Epoch)
+	}
+	return pcrPol, nil
 }
 
 // decodeSignature decodes an approval's sig: a marshalled TPMT_SIGNATURE
@@ -300,23 +364,4 @@ func (a Approval) Values() ([][]byte, error) {
 		out[i] = v
 	}
 	return out, nil
-}
-
-// ReadPCRValues reads the current sha256 values of the PCRs uri selects
-// (pcrs=, default 7) from the TPM uri names, without opening a key: what
-// the ceremony approves before it creates a key under an authority.
-func (b *Backend) ReadPCRValues(ctx context.Context, uri string) ([]int, [][]byte, error) {
-	u, err := ParseURI(uri)
-	if err != nil {
-		return nil, nil, err
-	}
-	var vals [][]byte
-	err = b.withConn(ctx, u, func(t transport.TPM) error {
-		vals, err = ReadPCRs(t, u.PCRs)
-		return err
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("tpm: read PCRs %s: %w", pcrList(u.PCRs), err)
-	}
-	return u.PCRs, vals, nil
 }

@@ -1,4 +1,4 @@
-package tpm
+package tpmpolicy
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"fmt"
+	"slices"
 
 	"github.com/google/go-tpm/tpm2"
 
@@ -124,7 +125,7 @@ func eccAuthorityTemplate(k *ecdsa.PublicKey) tpm2.TPMTPublic {
 		Type:             tpm2.TPMAlgECC,
 		NameAlg:          tpm2.TPMAlgSHA256,
 		ObjectAttributes: tpm2.TPMAObject{SignEncrypt: true, UserWithAuth: true},
-		Parameters:       p256ECDSAParms(),
+		Parameters:       P256ECDSAParms(),
 		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{
 			X: tpm2.TPM2BECCParameter{Buffer: point[1:33]},
 			Y: tpm2.TPM2BECCParameter{Buffer: point[33:]},
@@ -132,9 +133,9 @@ func eccAuthorityTemplate(k *ecdsa.PublicKey) tpm2.TPMTPublic {
 	}
 }
 
-// p256ECDSAParms are the parameters of a P-256 ECDSA-SHA256 signing key
+// P256ECDSAParms are the parameters of a P-256 ECDSA-SHA256 signing key
 // (the ECC authority template and the attestation key).
-func p256ECDSAParms() tpm2.TPMUPublicParms {
+func P256ECDSAParms() tpm2.TPMUPublicParms {
 	return tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
 		Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
 		Scheme: tpm2.TPMTECCScheme{
@@ -195,4 +196,17 @@ func publicKeyOf(p *tpm2.TPMTPublic) (crypto.PublicKey, error) {
 		return tpm2.RSAPub(parms, n)
 	}
 	return nil, fmt.Errorf("%w: policy authority type %v", signer.ErrUnsupportedAlgorithm, p.Type)
+}
+
+// TPMName is Name as the TPM2B_NAME that PolicyAuthorize and
+// TPM2_VerifySignature take.
+func (a *Authority) TPMName() tpm2.TPM2BName { return a.name }
+
+// PublicArea is the authority's canonical TPM public area, the one
+// TPM2_LoadExternal loads to verify an approval's signature.
+func (a *Authority) PublicArea() tpm2.TPMTPublic { return a.public }
+
+// SameAuthorities reports whether a and b name the same keys in order.
+func SameAuthorities(a, b []*Authority) bool {
+	return slices.EqualFunc(a, b, func(x, y *Authority) bool { return x.fp == y.fp })
 }

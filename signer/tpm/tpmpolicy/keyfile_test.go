@@ -1,4 +1,4 @@
-package tpm
+package tpmpolicy
 
 import (
 	"bytes"
@@ -13,30 +13,30 @@ import (
 
 func TestKeyBlobRoundTrip(t *testing.T) {
 	digest := sha256.Sum256([]byte("pcrs"))
-	policy, err := computeAuthPolicy([]int{7, 11}, digest[:])
+	policy, err := PCRAuthPolicy([]int{7, 11}, digest[:])
 	if err != nil {
 		t.Fatal(err)
 	}
-	blob := &keyBlob{
-		public:    tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)),
-		private:   tpm2.TPM2BPrivate{Buffer: []byte{1, 2, 3, 4}},
-		pcrs:      []int{7, 11},
-		pcrDigest: digest[:],
+	blob := &KeyBlob{
+		Public:    tpm2.New2B(KeyTemplate(tpm2.TPMECCNistP256, policy, false)),
+		Private:   tpm2.TPM2BPrivate{Buffer: []byte{1, 2, 3, 4}},
+		PCRs:      []int{7, 11},
+		PCRDigest: digest[:],
 	}
-	data, err := blob.marshalPEM("test")
+	data, err := blob.MarshalPEM("test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.HasPrefix(data, []byte("-----BEGIN TSS2 PRIVATE KEY-----")) {
 		t.Fatalf("not a TSS2 PRIVATE KEY PEM: %s", data)
 	}
-	got, err := parseKeyBlob(data)
+	got, err := ParseKeyBlob(data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(got.pcrs, blob.pcrs) || !bytes.Equal(got.pcrDigest, blob.pcrDigest) ||
-		!bytes.Equal(got.private.Buffer, blob.private.Buffer) ||
-		!bytes.Equal(tpm2.Marshal(got.public), tpm2.Marshal(blob.public)) {
+	if !slices.Equal(got.PCRs, blob.PCRs) || !bytes.Equal(got.PCRDigest, blob.PCRDigest) ||
+		!bytes.Equal(got.Private.Buffer, blob.Private.Buffer) ||
+		!bytes.Equal(tpm2.Marshal(got.Public), tpm2.Marshal(blob.Public)) {
 		t.Fatalf("round trip changed the blob: %+v", got)
 	}
 }
@@ -55,9 +55,9 @@ func TestParseKeyBlobRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := parseKeyBlob(tt.data)
+			_, err := ParseKeyBlob(tt.data)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("parseKeyBlob = %v, want error containing %q", err, tt.want)
+				t.Fatalf("ParseKeyBlob = %v, want error containing %q", err, tt.want)
 			}
 		})
 	}
@@ -68,12 +68,12 @@ func TestParseKeyBlobRejects(t *testing.T) {
 func pcrBoundBlob(t *testing.T, pcrs ...int) []byte {
 	t.Helper()
 	digest := sha256.Sum256([]byte("pcrs"))
-	policy, err := computeAuthPolicy(pcrs, digest[:])
+	policy, err := PCRAuthPolicy(pcrs, digest[:])
 	if err != nil {
 		t.Fatal(err)
 	}
-	blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, pcrs: pcrs, pcrDigest: digest[:]}
-	data, err := blob.marshalPEM("test")
+	blob := &KeyBlob{Public: tpm2.New2B(KeyTemplate(tpm2.TPMECCNistP256, policy, false)), Private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, PCRs: pcrs, PCRDigest: digest[:]}
+	data, err := blob.MarshalPEM("test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,13 +82,13 @@ func pcrBoundBlob(t *testing.T, pcrs ...int) []byte {
 
 func FuzzParseKeyBlob(f *testing.F) {
 	digest := sha256.Sum256(nil)
-	policy, _ := computeAuthPolicy([]int{7}, digest[:])
-	blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, pcrs: []int{7}, pcrDigest: digest[:]}
-	data, _ := blob.marshalPEM("")
+	policy, _ := PCRAuthPolicy([]int{7}, digest[:])
+	blob := &KeyBlob{Public: tpm2.New2B(KeyTemplate(tpm2.TPMECCNistP256, policy, false)), Private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, PCRs: []int{7}, PCRDigest: digest[:]}
+	data, _ := blob.MarshalPEM("")
 	block, _ := pem.Decode(data)
 	f.Add(block.Bytes)
 	f.Fuzz(func(t *testing.T, der []byte) {
 		// Must not panic on any input.
-		parseKeyBlob(pem.EncodeToMemory(&pem.Block{Type: pemType, Bytes: der})) //nolint:errcheck
+		ParseKeyBlob(pem.EncodeToMemory(&pem.Block{Type: pemType, Bytes: der})) //nolint:errcheck
 	})
 }

@@ -1,4 +1,4 @@
-package tpm
+package tpmpolicy
 
 import (
 	"crypto"
@@ -34,14 +34,14 @@ func authorizedBranch(a *Authority, ref string) ([]byte, error) {
 // authorizedPolicy is the authPolicy of a v1 key under auths (policyRef
 // PolicyRef): what SignedPolicyDigest reports.
 func authorizedPolicy(auths []*Authority) (policy []byte, branches [][]byte, err error) {
-	return authorizedPolicyRef(auths, PolicyRef)
+	return AuthorizedPolicy(auths, PolicyRef)
 }
 
-// authorizedPolicyRef is the authPolicy of a key under auths whose
+// AuthorizedPolicy is the authPolicy of a key under auths whose
 // PolicyAuthorize names ref: the single branch, or PolicyOR of the
 // branches (Part 3 §23.6) for two or more. It also returns the branch
 // digests, which the session's PolicyOR needs.
-func authorizedPolicyRef(auths []*Authority, ref string) (policy []byte, branches [][]byte, err error) {
+func AuthorizedPolicy(auths []*Authority, ref string) (policy []byte, branches [][]byte, err error) {
 	if len(auths) == 0 || len(auths) > MaxAuthorities {
 		return nil, nil, fmt.Errorf("a key policy takes 1 to %d authorities, not %d", MaxAuthorities, len(auths))
 	}
@@ -59,7 +59,7 @@ func authorizedPolicyRef(auths []*Authority, ref string) (policy []byte, branche
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := (tpm2.PolicyOr{PHashList: digestList(branches)}).Update(pc); err != nil {
+	if err := (tpm2.PolicyOr{PHashList: DigestList(branches)}).Update(pc); err != nil {
 		return nil, nil, fmt.Errorf("compute policy: %w", err)
 	}
 	return pc.Hash().Digest, branches, nil
@@ -73,16 +73,16 @@ func SignedPolicyDigestFor(pubs []crypto.PublicKey, b Binding) ([]byte, error) {
 	if b.mode == modeInvalid {
 		return nil, errors.New("signed policy digest: no key binding")
 	}
-	auths, err := newAuthorities(pubs)
+	auths, err := NewAuthorities(pubs)
 	if err != nil {
 		return nil, err
 	}
-	pol, _, err := authorizedPolicyRef(auths, b.ref)
+	pol, _, err := AuthorizedPolicy(auths, b.ref)
 	return pol, err
 }
 
-// newAuthorities turns policy-authority public keys into Authorities, in order.
-func newAuthorities(pubs []crypto.PublicKey) ([]*Authority, error) {
+// NewAuthorities turns policy-authority public keys into Authorities, in order.
+func NewAuthorities(pubs []crypto.PublicKey) ([]*Authority, error) {
 	auths := make([]*Authority, 0, len(pubs))
 	for _, p := range pubs {
 		a, err := NewAuthority(p)
@@ -94,7 +94,7 @@ func newAuthorities(pubs []crypto.PublicKey) ([]*Authority, error) {
 	return auths, nil
 }
 
-func digestList(ds [][]byte) tpm2.TPMLDigest {
+func DigestList(ds [][]byte) tpm2.TPMLDigest {
 	l := tpm2.TPMLDigest{}
 	for _, d := range ds {
 		l.Digests = append(l.Digests, tpm2.TPM2BDigest{Buffer: d})
@@ -107,8 +107,8 @@ func digestList(ds [][]byte) tpm2.TPMLDigest {
 // per PCR, in ascending PCR order): the "pol" an approval signs.
 func PCRPolicyDigest(pcrs []int, values [][]byte) ([]byte, error) {
 	// The one rule of ParsePCRs: a selection an approval may name, and
-	// no negative index reaching pcrSelection (which would panic).
-	if sel, err := ParsePCRs(pcrList(pcrs)); err != nil || len(pcrs) == 0 || !slices.Equal(sel, pcrs) {
+	// no negative index reaching PCRSelection (which would panic).
+	if sel, err := ParsePCRs(PCRList(pcrs)); err != nil || len(pcrs) == 0 || !slices.Equal(sel, pcrs) {
 		return nil, fmt.Errorf("PCR policy: PCRs %v: want distinct ascending sha256 PCRs 0-%d", pcrs, MaxPCR)
 	}
 	if len(pcrs) != len(values) {
@@ -123,18 +123,31 @@ func PCRPolicyDigest(pcrs []int, values [][]byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := (tpm2.PolicyPCR{PcrDigest: tpm2.TPM2BDigest{Buffer: pcrDigestOf(values)}, Pcrs: pcrSelection(pcrs)}).Update(pc); err != nil {
+	if err := (tpm2.PolicyPCR{PcrDigest: tpm2.TPM2BDigest{Buffer: PCRDigest(values)}, Pcrs: PCRSelection(pcrs)}).Update(pc); err != nil {
 		return nil, fmt.Errorf("compute PCR policy: %w", err)
 	}
 	return pc.Hash().Digest, nil
 }
 
-// approvalDigest is what an authority signs: SHA-256(pol || ref), the
+// ApprovalDigest is what an authority signs: SHA-256(pol || ref), the
 // aHash that TPM2_PolicyAuthorize checks the ticket against (Part 3
 // §23.16, with the authority's nameAlg SHA-256).
-func approvalDigest(pol []byte, ref string) []byte {
+func ApprovalDigest(pol []byte, ref string) []byte {
 	h := sha256.New()
 	h.Write(pol)
 	h.Write([]byte(ref))
 	return h.Sum(nil)
+}
+
+// SignedPolicyDigest is the authPolicy of a v1 key (policyRef without the
+// PCR selection) created under the policy authorities pubs: what a
+// verifier expected of keys made before the selection was bound.
+// SignedPolicyDigestFor gives the digest of a key made today.
+func SignedPolicyDigest(pubs []crypto.PublicKey) ([]byte, error) {
+	auths, err := NewAuthorities(pubs)
+	if err != nil {
+		return nil, err
+	}
+	pol, _, err := authorizedPolicy(auths)
+	return pol, err
 }

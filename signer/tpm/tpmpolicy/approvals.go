@@ -1,4 +1,4 @@
-package tpm
+package tpmpolicy
 
 import (
 	"cmp"
@@ -19,26 +19,26 @@ import (
 // for changes (at most; only when the key is used).
 const DefaultApprovalsReload = time.Second
 
-// maxApprovalFiles bounds the approval files used from an approvals
+// MaxApprovalFiles bounds the approval files used from an approvals
 // directory; only files that hold usable approvals count.
-const maxApprovalFiles = 256
+const MaxApprovalFiles = 256
 
 // maxApprovalEntries bounds the directory entries one scan looks at
 // (valid or not), so that a directory filled with junk costs a bounded
 // scan; the listing is read in batches of approvalDirBatch, never whole.
 const (
-	maxApprovalEntries = 16 * maxApprovalFiles
+	maxApprovalEntries = 16 * MaxApprovalFiles
 	approvalDirBatch   = 64
 )
 
-// approvalDir keeps the approvals of an approvals directory, re-reading
+// ApprovalDir keeps the approvals of an approvals directory, re-reading
 // it at most once per interval, by name, size and modification time (as
 // the daemon watches its cert dir), so that a ConfigMap update or a copied
 // file is picked up without a restart. A malformed or tampered file, or a
 // symlink leading out of the directory, is ignored with one log line (per
 // change of that file); the others are still used. Not safe for
-// concurrent use: the Signer's mutex guards it.
-type approvalDir struct {
+// concurrent use: the caller serializes (the tpm Signer holds its lock).
+type ApprovalDir struct {
 	dir      string
 	auths    []*Authority
 	binding  Binding
@@ -50,26 +50,29 @@ type approvalDir struct {
 	dirErr   string // the last error reading the directory, for one log line per change
 	capped   bool   // the last scan stopped at a cap, for one log line per change
 	files    map[string]approvalFileState
-	sorted   []checkedApproval // newest first
+	sorted   []CheckedApproval // newest first
 }
 
 type approvalFileState struct {
 	target    string // the file read: the name with symlinks resolved
 	size      int64
 	mtime     time.Time
-	approvals []checkedApproval // nil when the file was refused
+	approvals []CheckedApproval // nil when the file was refused
 }
 
-func newApprovalDir(dir string, auths []*Authority, b Binding, interval time.Duration, log *slog.Logger) *approvalDir {
+// NewApprovalDir watches the approvals directory dir of a key under the
+// authorities auths with binding b; interval <= 0 is
+// DefaultApprovalsReload. Nothing is read before the first Current.
+func NewApprovalDir(dir string, auths []*Authority, b Binding, interval time.Duration, log *slog.Logger) *ApprovalDir {
 	if interval <= 0 {
 		interval = DefaultApprovalsReload
 	}
-	return &approvalDir{dir: dir, auths: auths, binding: b, interval: interval, log: log, now: time.Now, files: map[string]approvalFileState{}}
+	return &ApprovalDir{dir: dir, auths: auths, binding: b, interval: interval, log: log, now: time.Now, files: map[string]approvalFileState{}}
 }
 
-// current returns the approvals, newest first, after re-reading the
+// Current returns the approvals, newest first, after re-reading the
 // directory if the interval has passed (or force is set).
-func (d *approvalDir) current(force bool) []checkedApproval {
+func (d *ApprovalDir) Current(force bool) []CheckedApproval {
 	if !force && !d.lastScan.IsZero() && d.now().Sub(d.lastScan) < d.interval {
 		return d.sorted
 	}
@@ -78,7 +81,7 @@ func (d *approvalDir) current(force bool) []checkedApproval {
 	return d.sorted
 }
 
-func (d *approvalDir) scan() {
+func (d *ApprovalDir) scan() {
 	next, capped, err := d.list()
 	if err != nil {
 		if err.Error() != d.dirErr {
@@ -94,7 +97,7 @@ func (d *approvalDir) scan() {
 	}
 	if capped != d.capped && capped {
 		d.log.Warn("tpm: approvals directory holds too many files; the rest are ignored: remove retired approvals",
-			"dir", d.dir, "maxApprovalFiles", maxApprovalFiles, "maxEntries", maxApprovalEntries)
+			"dir", d.dir, "MaxApprovalFiles", MaxApprovalFiles, "maxEntries", maxApprovalEntries)
 	}
 	d.capped = capped
 	d.files = next
@@ -102,15 +105,15 @@ func (d *approvalDir) scan() {
 	for _, st := range next {
 		d.sorted = append(d.sorted, st.approvals...)
 	}
-	slices.SortStableFunc(d.sorted, func(a, b checkedApproval) int {
-		return cmp.Or(b.createdAt.Compare(a.createdAt), strings.Compare(a.file, b.file))
+	slices.SortStableFunc(d.sorted, func(a, b CheckedApproval) int {
+		return cmp.Or(b.CreatedAt.Compare(a.CreatedAt), strings.Compare(a.File, b.File))
 	})
 }
 
 // list reads the directory in batches and the approval files in it, up
-// to maxApprovalFiles usable files and maxApprovalEntries entries; capped
+// to MaxApprovalFiles usable files and maxApprovalEntries entries; capped
 // says whether it stopped at a cap.
-func (d *approvalDir) list() (next map[string]approvalFileState, capped bool, err error) {
+func (d *ApprovalDir) list() (next map[string]approvalFileState, capped bool, err error) {
 	root, err := filepath.EvalSymlinks(d.dir)
 	if err != nil {
 		return nil, false, err
@@ -125,7 +128,7 @@ func (d *approvalDir) list() (next map[string]approvalFileState, capped bool, er
 	for {
 		entries, err := f.ReadDir(approvalDirBatch)
 		for _, e := range entries {
-			if usable >= maxApprovalFiles || seen >= maxApprovalEntries {
+			if usable >= MaxApprovalFiles || seen >= maxApprovalEntries {
 				return next, true, nil
 			}
 			seen++
@@ -150,7 +153,7 @@ func (d *approvalDir) list() (next map[string]approvalFileState, capped bool, er
 // NAME -> ..data/NAME -> ..TIMESTAMP/NAME) as long as they stay inside the
 // directory: a symlink leading out of it is refused, so that a link
 // planted in the ConfigMap cannot make the signer read another file.
-func (d *approvalDir) readFile(root, name string) (approvalFileState, bool) {
+func (d *ApprovalDir) readFile(root, name string) (approvalFileState, bool) {
 	path := filepath.Join(d.dir, name)
 	target, err := inside(root, path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -173,7 +176,7 @@ func (d *approvalDir) readFile(root, name string) (approvalFileState, bool) {
 	st := approvalFileState{target: target, size: fi.Size(), mtime: fi.ModTime()}
 	data, err := readLimited(root, target, MaxApprovalFileSize)
 	if err == nil {
-		st.approvals, err = parseApprovals(name, data, d.auths, d.binding)
+		st.approvals, err = ParseApprovals(name, data, d.auths, d.binding)
 	}
 	if err != nil {
 		d.log.Error("tpm: approval file ignored; the other approvals are still used", "file", path, "error", err)

@@ -1,4 +1,4 @@
-package tpm
+package tpmpolicy
 
 import (
 	"crypto/ecdsa"
@@ -69,14 +69,14 @@ func TestReadLimitedRefusesNonRegular(t *testing.T) {
 }
 
 // approvalDirFixture is an approvals directory of a v2 key (pcrs=7) under
-// one authority, read by approvalDir with its log kept.
+// one authority, read by ApprovalDir with its log kept.
 type approvalDirFixture struct {
 	dir  string
 	key  *ecdsa.PrivateKey
 	auth *Authority
 	data []byte // a valid approval file
 	log  *strings.Builder
-	d    *approvalDir
+	d    *ApprovalDir
 }
 
 func newApprovalDirFixture(t *testing.T) *approvalDirFixture {
@@ -94,7 +94,7 @@ func newApprovalDirFixture(t *testing.T) *approvalDirFixture {
 	if err := os.Mkdir(f.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	f.d = newApprovalDir(f.dir, []*Authority{f.auth}, b, time.Hour, slog.New(slog.NewTextHandler(f.log, nil)))
+	f.d = NewApprovalDir(f.dir, []*Authority{f.auth}, b, time.Hour, slog.New(slog.NewTextHandler(f.log, nil)))
 	return f
 }
 
@@ -118,8 +118,8 @@ func symlink(t *testing.T, target, link string) {
 // loaded lists the files whose approvals are in use.
 func (f *approvalDirFixture) loaded() []string {
 	var out []string
-	for _, a := range f.d.current(true) {
-		out = append(out, a.file)
+	for _, a := range f.d.Current(true) {
+		out = append(out, a.File)
 	}
 	slices.Sort(out)
 	return out
@@ -152,17 +152,17 @@ func TestApprovalDirSymlinks(t *testing.T) {
 }
 
 // TestApprovalDirCapCountsUsableFiles: invalid files do not count against
-// the cap of maxApprovalFiles usable files, so junk cannot push a valid
+// the cap of MaxApprovalFiles usable files, so junk cannot push a valid
 // approval out; past maxApprovalEntries entries the scan stops, with one
 // warning.
 func TestApprovalDirCapCountsUsableFiles(t *testing.T) {
 	f := newApprovalDirFixture(t)
-	for i := range maxApprovalFiles + 44 {
+	for i := range MaxApprovalFiles + 44 {
 		f.write(t, filepath.Join(f.dir, fmt.Sprintf("bad-%03d.json", i)), []byte("{"))
 	}
 	f.write(t, filepath.Join(f.dir, "zz-good.json"), f.data)
 	if got := f.loaded(); !slices.Equal(got, []string{"zz-good.json"}) {
-		t.Fatalf("loaded %v, want the valid approval despite %d invalid files", got, maxApprovalFiles+44)
+		t.Fatalf("loaded %v, want the valid approval despite %d invalid files", got, MaxApprovalFiles+44)
 	}
 	if strings.Contains(f.log.String(), "too many files") {
 		t.Fatal("warned about the cap below it")
@@ -215,8 +215,8 @@ func TestApprovalDirSymlinkSwapRace(t *testing.T) {
 	defer func() { close(stop); <-flipped }()
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
 		f.d.files = map[string]approvalFileState{} // re-read every time
-		for _, c := range f.d.current(true) {
-			if hex.EncodeToString(c.pol) == a.Pol {
+		for _, c := range f.d.Current(true) {
+			if hex.EncodeToString(c.Pol) == a.Pol {
 				t.Fatalf("read the approval outside the directory through a swapped symlink")
 			}
 		}

@@ -1,10 +1,12 @@
-package tpm
+package tpmpolicy
 
 import (
 	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/google/go-tpm/tpm2"
 )
 
 // A key under policy authorities names a policyRef in each
@@ -41,23 +43,25 @@ const (
 	modeV1
 	modeV2
 	modeSystemd
+	modeRevocable
 )
 
 // Binding is what an approval of a key under policy authorities must
 // carry to satisfy it: the policyRef of the key's PolicyAuthorize and, for
 // v2 and systemd keys, the one PCR selection it accepts. The zero Binding
 // is invalid (it binds nothing and is refused): make one with
-// BindingForPCRs, SystemdBinding or ReadBinding.
+// BindingForPCRs or SystemdBinding (or read it from a key blob: ParseKeyBlob).
 type Binding struct {
 	mode bindingMode
 	ref  string
 	pcrs []int
+	nv   tpm2.TPMHandle // the revocation counter's NV index (revocable keys)
 }
 
 // BindingForPCRs is the v2 binding of a new key to the PCR selection pcrs
 // (refused like ParsePCRs refuses it).
 func BindingForPCRs(pcrs []int) (Binding, error) {
-	sel, err := ParsePCRs(pcrList(pcrs))
+	sel, err := ParsePCRs(PCRList(pcrs))
 	if err != nil || !slices.Equal(sel, pcrs) {
 		return Binding{}, fmt.Errorf("PCR selection %v: %w", pcrs, orSelectionErr(err))
 	}
@@ -74,23 +78,26 @@ func SystemdBinding() Binding {
 	return Binding{mode: modeSystemd, pcrs: []int{SystemdPCR}}
 }
 
-// legacyBinding is the binding of a v1 key: PolicyRef, any selection.
-func legacyBinding() Binding { return Binding{mode: modeV1, ref: PolicyRef} }
+// LegacyBinding is the binding of a v1 key: PolicyRef, any selection.
+func LegacyBinding() Binding { return Binding{mode: modeV1, ref: PolicyRef} }
 
 func orSelectionErr(err error) error {
 	if err != nil {
 		return err
 	}
-	return uriErr("want distinct ascending sha256 PCRs 0-%d", MaxPCR)
+	return invalid("want distinct ascending sha256 PCRs 0-%d", MaxPCR)
 }
 
 // bindingOfRef decodes the binding a key's policyRef names.
 func bindingOfRef(ref string) (Binding, error) {
 	switch ref {
 	case PolicyRef:
-		return legacyBinding(), nil
+		return LegacyBinding(), nil
 	case "":
 		return SystemdBinding(), nil
+	}
+	if strings.HasPrefix(ref, policyRefRevocablePrefix) {
+		return revocableBindingOfRef(ref)
 	}
 	mask, ok := strings.CutPrefix(ref, policyRefV2Prefix)
 	raw, err := hex.DecodeString(mask)
@@ -127,6 +134,8 @@ func (b Binding) Mode() string {
 		return "v2"
 	case modeSystemd:
 		return "systemd"
+	case modeRevocable:
+		return "r1"
 	}
 	return "invalid"
 }
@@ -152,11 +161,11 @@ func (b Binding) check(pcrs []int) error {
 	if b.mode == modeInvalid {
 		return fmt.Errorf("no key binding: name the key whose approvals these are")
 	}
-	if _, err := ParsePCRs(pcrList(pcrs)); err != nil {
+	if _, err := ParsePCRs(PCRList(pcrs)); err != nil {
 		return err
 	}
 	if b.pcrs != nil && !slices.Equal(pcrs, b.pcrs) {
-		return fmt.Errorf("PCR selection sha256:%s is not the key's sha256:%s (fixed at creation and bound in its policy, policyRef %q); approve the key's own selection", pcrList(pcrs), pcrList(b.pcrs), b.ref)
+		return fmt.Errorf("PCR selection sha256:%s is not the key's sha256:%s (fixed at creation and bound in its policy, policyRef %q); approve the key's own selection", PCRList(pcrs), PCRList(b.pcrs), b.ref)
 	}
 	return nil
 }
@@ -166,40 +175,8 @@ func (b Binding) String() string {
 	if b.pcrs == nil {
 		return fmt.Sprintf("%s (policyRef %q, selection not bound)", b.Mode(), b.ref)
 	}
-	return fmt.Sprintf("%s (policyRef %q, PCR selection sha256:%s)", b.Mode(), b.ref, pcrList(b.pcrs))
-}
-
-// KeyBinding reads the binding and authorities of the key under policy
-// authorities that uri names, without a TPM: from its blob file (not
-// secret: an approver may hold a copy), or, for a persistent handle,
-// which records nothing, from the URI itself (pcrs=, systemd=; no
-// authorities). A key bound to fixed PCR values is refused: it takes no
-// approvals.
-func KeyBinding(uri string) (Binding, []*Authority, error) {
-	u, err := ParseURI(uri)
-	if err != nil {
-		return Binding{}, nil, err
+	if b.Revocable() {
+		return fmt.Sprintf("%s (policyRef %q, PCR selection sha256:%s, revocation counter NV 0x%08x)", b.Mode(), b.ref, PCRList(b.pcrs), uint32(b.nv))
 	}
-	if u.Path == "" {
-		return u.binding(), nil, nil
-	}
-	k, err := readBlobFile(u)
-	if err != nil {
-		return Binding{}, nil, err
-	}
-	if len(k.authorities) == 0 {
-		return Binding{}, nil, fmt.Errorf("tpm: key blob %s is bound to fixed PCR values (sha256:%s), not under a policy authority: it takes no approvals", u.Path, pcrList(k.pcrs))
-	}
-	return k.binding, k.authorities, nil
-}
-
-// CreationBinding is the binding a key created at uri gets (Generate,
-// Import): systemd for systemd=true, else v2 over its pcrs= (default 7).
-// It is what the ceremony approves before the key exists.
-func CreationBinding(uri string) (Binding, error) {
-	u, err := ParseURI(uri)
-	if err != nil {
-		return Binding{}, err
-	}
-	return u.binding(), nil
+	return fmt.Sprintf("%s (policyRef %q, PCR selection sha256:%s)", b.Mode(), b.ref, PCRList(b.pcrs))
 }

@@ -1,4 +1,4 @@
-package tpm
+package tpmpolicy
 
 import (
 	"bytes"
@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -96,7 +95,7 @@ func TestCheckApproval(t *testing.T) {
 			tt.change(&a)
 			c, err := checkApproval(a, auths, b)
 			if tt.want == "" {
-				if err != nil || c.auth != 0 || !bytes.Equal(c.pol, mustHex(t, good.Pol)) {
+				if err != nil || c.Auth != 0 || !bytes.Equal(c.Pol, mustHex(t, good.Pol)) {
 					t.Fatalf("checkApproval = %+v, %v", c, err)
 				}
 				return
@@ -141,13 +140,13 @@ func TestApprovalFileFormat(t *testing.T) {
 				t.Errorf("field %q missing: %s", f, data)
 			}
 		}
-		got, err := parseApprovals("a.json", data, []*Authority{authority(t, k)}, mustBinding(t, 7))
-		if err != nil || len(got) != 1 || got[0].file != "a.json" {
-			t.Fatalf("parseApprovals = %+v, %v", got, err)
+		got, err := ParseApprovals("a.json", data, []*Authority{authority(t, k)}, mustBinding(t, 7))
+		if err != nil || len(got) != 1 || got[0].File != "a.json" {
+			t.Fatalf("ParseApprovals = %+v, %v", got, err)
 		}
 		// The signature is over SHA-256(pol || ref).
 		want := sha256.Sum256(append(mustHex(t, a.Pol), "steward-trustd/os-ca/v2:000080"...))
-		if !bytes.Equal(approvalDigest(mustHex(t, a.Pol), a.Ref), want[:]) {
+		if !bytes.Equal(ApprovalDigest(mustHex(t, a.Pol), a.Ref), want[:]) {
 			t.Fatal("approval digest is not SHA-256(pol || ref)")
 		}
 	}
@@ -156,7 +155,7 @@ func TestApprovalFileFormat(t *testing.T) {
 		"empty":    []byte(`{"sha256":[]}`),
 		"oversize": bytes.Repeat([]byte(" "), MaxApprovalFileSize+1),
 	} {
-		if _, err := parseApprovals(name, data, nil, mustBinding(t, 7)); err == nil {
+		if _, err := ParseApprovals(name, data, nil, mustBinding(t, 7)); err == nil {
 			t.Errorf("%s: parsed", name)
 		}
 	}
@@ -164,7 +163,7 @@ func TestApprovalFileFormat(t *testing.T) {
 
 func TestPCRPolicyDigest(t *testing.T) {
 	// PolicyPCR (TPM 2.0 Part 3 §23.7): H(0^32 || TPM_CC_PolicyPCR || TPML_PCR_SELECTION || H(values)).
-	sel := tpm2.Marshal(pcrSelection([]int{7}))
+	sel := tpm2.Marshal(PCRSelection([]int{7}))
 	vd := sha256.Sum256(pcrValue(0))
 	h := sha256.New()
 	h.Write(make([]byte, 32))
@@ -246,7 +245,7 @@ func TestAuthorityTemplates(t *testing.T) {
 // records its binding's policyRef in each PolicyAuthorize statement and
 // gives it back, with the PCR selection a v2 ref binds.
 func TestKeyBlobAuthorizedRoundTrip(t *testing.T) {
-	for _, b := range []Binding{legacyBinding(), mustBinding(t, 7, 11), SystemdBinding()} {
+	for _, b := range []Binding{LegacyBinding(), mustBinding(t, 7, 11), SystemdBinding()} {
 		for _, n := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%s/%d", b.Mode(), n), func(t *testing.T) { checkBlobRoundTrip(t, b, n) })
 		}
@@ -259,14 +258,14 @@ func checkBlobRoundTrip(t *testing.T, b Binding, n int) {
 		auths[i] = authority(t, p256(t))
 	}
 	blob, policy, data := authorizedBlob(t, auths, b)
-	got, err := parseKeyBlob(data)
+	got, err := ParseKeyBlob(data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !sameAuthorities(got.authorities, auths) || got.binding.String() != b.String() || !slices.Equal(got.pcrs, b.PCRs()) {
-		t.Fatalf("round trip changed authorities or binding: %s, pcrs %v", got.binding, got.pcrs)
+	if !SameAuthorities(got.Authorities, auths) || got.Binding.String() != b.String() || !slices.Equal(got.PCRs, b.PCRs()) {
+		t.Fatalf("round trip changed authorities or Binding: %s, PCRs %v", got.Binding, got.PCRs)
 	}
-	replayed, err := got.authPolicy()
+	replayed, err := got.AuthPolicy()
 	if err != nil || !bytes.Equal(replayed, policy) {
 		t.Fatalf("replayed policy %x, want %x (%v)", replayed, policy, err)
 	}
@@ -284,14 +283,14 @@ func checkBlobRoundTrip(t *testing.T, b Binding, n int) {
 
 // authorizedBlob is a key blob (a dummy private part) under auths with
 // binding b, its authPolicy and its PEM file contents.
-func authorizedBlob(t *testing.T, auths []*Authority, b Binding) (*keyBlob, []byte, []byte) {
+func authorizedBlob(t *testing.T, auths []*Authority, b Binding) (*KeyBlob, []byte, []byte) {
 	t.Helper()
-	policy, _, err := authorizedPolicyRef(auths, b.Ref())
+	policy, _, err := AuthorizedPolicy(auths, b.Ref())
 	if err != nil {
 		t.Fatal(err)
 	}
-	blob := &keyBlob{public: tpm2.New2B(keyTemplate(tpm2.TPMECCNistP256, policy, false)), private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, authorities: auths, binding: b}
-	data, err := blob.marshalPEM("test")
+	blob := &KeyBlob{Public: tpm2.New2B(KeyTemplate(tpm2.TPMECCNistP256, policy, false)), Private: tpm2.TPM2BPrivate{Buffer: []byte{1}}, Authorities: auths, Binding: b}
+	data, err := blob.MarshalPEM("test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,34 +334,6 @@ func TestBindingRefs(t *testing.T) {
 	}
 }
 
-func TestWithAuthorities(t *testing.T) {
-	a, b := p256(t), p256(t)
-	uri, err := WithAuthorities("tpm:path=/k;approvals=/d", []crypto.PublicKey{a.Public(), b.Public()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := ParseURI(uri)
-	if err != nil || len(u.Authorities) != 2 || u.Authorities[1].fp != authority(t, b).fp {
-		t.Fatalf("ParseURI(%q) = %+v, %v", uri, u, err)
-	}
-	if strings.Contains(u.String(), "authority=") {
-		t.Errorf("canonical form %q carries the creation-time authorities", u.String())
-	}
-	for name, tc := range map[string]struct {
-		uri  string
-		pubs []crypto.PublicKey
-	}{
-		"no approvals dir": {"tpm:path=/k", []crypto.PublicKey{a.Public()}},
-		"twice":            {"tpm:path=/k;approvals=/d", []crypto.PublicKey{a.Public(), a.Public()}},
-		"not tpm":          {"file:/k", []crypto.PublicKey{a.Public()}},
-		"ed25519":          {"tpm:path=/k;approvals=/d", []crypto.PublicKey{struct{}{}}},
-	} {
-		if _, err := WithAuthorities(tc.uri, tc.pubs); err == nil {
-			t.Errorf("%s: accepted", name)
-		}
-	}
-}
-
 // FuzzParseApprovals: whatever the bytes, parsing an approval file never
 // panics, and what it accepts was signed by the authority.
 func FuzzParseApprovals(f *testing.F) {
@@ -387,12 +358,12 @@ func FuzzParseApprovals(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		got, err := parseApprovals("f.json", data, auths, b)
+		got, err := ParseApprovals("f.json", data, auths, b)
 		if err != nil {
 			return
 		}
 		for _, c := range got {
-			if c.ref != b.Ref() || !slices.Equal(c.pcrs, []int{7}) || verifyTPMT(auths[c.auth], approvalDigest(c.pol, b.Ref()), c.sig) != nil {
+			if c.Ref != b.Ref() || !slices.Equal(c.PCRs, []int{7}) || verifyTPMT(auths[c.Auth], ApprovalDigest(c.Pol, b.Ref()), c.Sig) != nil {
 				t.Fatalf("accepted an approval whose signature does not verify: %+v", c)
 			}
 		}
@@ -419,53 +390,9 @@ func TestSignApprovalRefusesWhatTheSignerRefuses(t *testing.T) {
 			for i := range vals {
 				vals[i] = pcrValue(byte(i))
 			}
-			if _, err := SignApproval(auth, legacyBinding(), tc.pcrs, vals, ApprovalMeta{}); err == nil || !strings.Contains(err.Error(), "PCR") {
+			if _, err := SignApproval(auth, LegacyBinding(), tc.pcrs, vals, ApprovalMeta{}); err == nil || !strings.Contains(err.Error(), "PCR") {
 				t.Fatalf("SignApproval(%v) = %v, want an error about the PCRs", tc.pcrs, err)
 			}
 		})
-	}
-}
-
-// TestBlobBindingAgainstURI: the blob's policy says how the key binds
-// approvals; a URI that says otherwise (systemd=true for a v2 key,
-// another pcrs= than the bound selection) is refused, and a URI that
-// says nothing gets the blob's binding.
-func TestBlobBindingAgainstURI(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name string, b Binding) string {
-		_, _, data := authorizedBlob(t, []*Authority{authority(t, p256(t))}, b)
-		path := dir + "/" + name
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return "tpm:path=" + path + ";approvals=" + dir
-	}
-	v2, sd := write("v2.tpmkey", mustBinding(t, 7)), write("systemd.tpmkey", SystemdBinding())
-	tests := []struct {
-		uri, wantMode string
-		wantErr       bool
-	}{
-		{v2, "v2", false},
-		{v2 + ";pcrs=7", "v2", false},
-		{v2 + ";pcrs=0,7", "", true},
-		{v2 + ";systemd=true", "", true},
-		{sd, "systemd", false},
-		{sd + ";systemd=true", "systemd", false},
-	}
-	for _, tt := range tests {
-		u, err := ParseURI(tt.uri)
-		if err != nil {
-			t.Fatal(err)
-		}
-		k, err := readBlobFile(u)
-		if tt.wantErr {
-			if !errors.Is(err, signer.ErrInvalidURI) {
-				t.Errorf("%s: %v, want ErrInvalidURI", tt.uri, err)
-			}
-			continue
-		}
-		if err != nil || k.binding.Mode() != tt.wantMode {
-			t.Errorf("%s: binding %v, %v; want %s", tt.uri, k, err, tt.wantMode)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package tpm
+package tpmpolicy
 
 import (
 	"bytes"
@@ -70,56 +70,56 @@ type asnKey struct {
 	PrivKey     []byte
 }
 
-// keyBlob is a decoded key blob: what TPM2_Load needs plus the policy
+// KeyBlob is a decoded key blob: what TPM2_Load needs plus the policy
 // that reproduces the key's authPolicy.
-type keyBlob struct {
-	public  tpm2.TPM2BPublic
-	private tpm2.TPM2BPrivate
-	pcrs    []int
-	// pcrDigest is the SHA-256 over the policy PCRs' values at creation.
-	pcrDigest []byte
-	// authorities are the policy authorities of a key under signed
-	// policies, and binding the policyRef their PolicyAuthorize names
-	// (with the PCR selection it binds); pcrDigest is then empty.
-	authorities []*Authority
-	binding     Binding
+type KeyBlob struct {
+	Public  tpm2.TPM2BPublic
+	Private tpm2.TPM2BPrivate
+	PCRs    []int
+	// PCRDigest is the SHA-256 over the policy PCRs' values at creation.
+	PCRDigest []byte
+	// Authorities are the policy authorities of a key under signed
+	// policies, and Binding the policyRef their PolicyAuthorize names
+	// (with the PCR selection it binds); PCRDigest is then empty.
+	Authorities []*Authority
+	Binding     Binding
 }
 
 // authPolicy is the authPolicy the blob's policy list gives.
-func (k *keyBlob) authPolicy() ([]byte, error) {
-	if len(k.authorities) > 0 {
-		p, _, err := authorizedPolicyRef(k.authorities, k.binding.ref)
+func (k *KeyBlob) AuthPolicy() ([]byte, error) {
+	if len(k.Authorities) > 0 {
+		p, _, err := AuthorizedPolicy(k.Authorities, k.Binding.Ref())
 		return p, err
 	}
-	return computeAuthPolicy(k.pcrs, k.pcrDigest)
+	return PCRAuthPolicy(k.PCRs, k.PCRDigest)
 }
 
 // policyStatements is the blob's policy list.
-func (k *keyBlob) policyStatements() ([]asnPolicy, error) {
+func (k *KeyBlob) policyStatements() ([]asnPolicy, error) {
 	cc := asnPolicy{CommandCode: int(tpm2.TPMCCPolicyCommandCode), CommandPolicy: binary.BigEndian.AppendUint32(nil, uint32(tpm2.TPMCCSign))}
-	if len(k.authorities) == 0 {
-		sel := tpm2.Marshal(pcrSelection(k.pcrs))
-		return []asnPolicy{{CommandCode: int(tpm2.TPMCCPolicyPCR), CommandPolicy: append(sel, k.pcrDigest...)}, cc}, nil
+	if len(k.Authorities) == 0 {
+		sel := tpm2.Marshal(PCRSelection(k.PCRs))
+		return []asnPolicy{{CommandCode: int(tpm2.TPMCCPolicyPCR), CommandPolicy: append(sel, k.PCRDigest...)}, cc}, nil
 	}
 	var out []asnPolicy
-	for _, a := range k.authorities {
+	for _, a := range k.Authorities {
 		b := tpm2.Marshal(tpm2.New2B(a.public))
-		b = append(b, tpm2.Marshal(tpm2.TPM2BDigest{Buffer: []byte(k.binding.ref)})...)
+		b = append(b, tpm2.Marshal(tpm2.TPM2BDigest{Buffer: []byte(k.Binding.Ref())})...)
 		b = append(b, tpm2.Marshal(tpm2.TPMTSignature{SigAlg: tpm2.TPMAlgNull})...)
 		out = append(out, asnPolicy{CommandCode: int(tpm2.TPMCCPolicyAuthorize), CommandPolicy: b})
 	}
 	out = append(out, cc)
-	if len(k.authorities) > 1 {
-		_, branches, err := authorizedPolicyRef(k.authorities, k.binding.ref)
+	if len(k.Authorities) > 1 {
+		_, branches, err := AuthorizedPolicy(k.Authorities, k.Binding.Ref())
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, asnPolicy{CommandCode: int(tpm2.TPMCCPolicyOR), CommandPolicy: tpm2.Marshal(digestList(branches))})
+		out = append(out, asnPolicy{CommandCode: int(tpm2.TPMCCPolicyOR), CommandPolicy: tpm2.Marshal(DigestList(branches))})
 	}
 	return out, nil
 }
 
-func (k *keyBlob) marshalPEM(description string) ([]byte, error) {
+func (k *KeyBlob) MarshalPEM(description string) ([]byte, error) {
 	policy, err := k.policyStatements()
 	if err != nil {
 		return nil, err
@@ -130,8 +130,8 @@ func (k *keyBlob) marshalPEM(description string) ([]byte, error) {
 		Policy:      policy,
 		Description: description,
 		Parent:      int64(tpm2.TPMRHOwner),
-		PubKey:      tpm2.Marshal(k.public),
-		PrivKey:     tpm2.Marshal(k.private),
+		PubKey:      tpm2.Marshal(k.Public),
+		PrivKey:     tpm2.Marshal(k.Private),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("encode key blob: %w", err)
@@ -139,9 +139,9 @@ func (k *keyBlob) marshalPEM(description string) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: pemType, Bytes: der}), nil
 }
 
-// parseKeyBlob decodes a key blob file and checks that its policy is the
+// ParseKeyBlob decodes a key blob file and checks that its policy is the
 // one this backend writes.
-func parseKeyBlob(data []byte) (*keyBlob, error) {
+func ParseKeyBlob(data []byte) (*KeyBlob, error) {
 	block, _ := pem.Decode(data)
 	if block == nil || block.Type != pemType {
 		return nil, fmt.Errorf("no %q PEM block", pemType)
@@ -163,20 +163,20 @@ func parseKeyBlob(data []byte) (*keyBlob, error) {
 	if len(k.Secret) != 0 || len(k.AuthPolicy.FullBytes) != 0 {
 		return nil, errors.New("key blob uses an importable secret or signed authPolicy, which this backend does not support")
 	}
-	blob := &keyBlob{}
+	blob := &KeyBlob{}
 	pub, err := tpm2.Unmarshal[tpm2.TPM2BPublic](k.PubKey)
 	if err != nil {
 		return nil, fmt.Errorf("decode key blob public area: %w", err)
 	}
-	blob.public = *pub
+	blob.Public = *pub
 	priv, err := tpm2.Unmarshal[tpm2.TPM2BPrivate](k.PrivKey)
 	if err != nil {
 		return nil, fmt.Errorf("decode key blob private area: %w", err)
 	}
-	blob.private = *priv
+	blob.Private = *priv
 	if len(k.Policy) > 0 && k.Policy[0].CommandCode == int(tpm2.TPMCCPolicyAuthorize) {
-		blob.authorities, blob.binding, err = parseAuthorizedPolicy(k.Policy)
-		blob.pcrs = blob.binding.pcrs
+		blob.Authorities, blob.Binding, err = parseAuthorizedPolicy(k.Policy)
+		blob.PCRs = blob.Binding.pcrs
 		return blob, err
 	}
 	if len(k.Policy) != 2 ||
@@ -184,7 +184,7 @@ func parseKeyBlob(data []byte) (*keyBlob, error) {
 		!isSignCC(k.Policy[1]) {
 		return nil, errors.New("key blob policy is not PolicyPCR + PolicyCommandCode(TPM2_Sign), nor signed policies")
 	}
-	blob.pcrs, blob.pcrDigest, err = parsePCRPolicy(k.Policy[0].CommandPolicy)
+	blob.PCRs, blob.PCRDigest, err = parsePCRPolicy(k.Policy[0].CommandPolicy)
 	if err != nil {
 		return nil, err
 	}
@@ -306,8 +306,8 @@ func parsePCRPolicy(b []byte) ([]int, []byte, error) {
 	return pcrs, append([]byte(nil), digest...), nil
 }
 
-// pcrSelection is the sha256 selection of pcrs.
-func pcrSelection(pcrs []int) tpm2.TPMLPCRSelection {
+// PCRSelection is the sha256 selection of pcrs.
+func PCRSelection(pcrs []int) tpm2.TPMLPCRSelection {
 	idx := make([]uint, len(pcrs))
 	for i, p := range pcrs {
 		idx[i] = uint(p)
