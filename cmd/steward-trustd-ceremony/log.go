@@ -23,9 +23,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
-// FileLogKey is the verifier key of a log, in its directory.
-const FileLogKey = "log.pub"
-
 func logCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "log",
@@ -128,7 +125,7 @@ func writeLogKey(stdout io.Writer, s signer.Signer, dir, name string, force bool
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	path := filepath.Join(dir, FileLogKey)
+	path := filepath.Join(dir, issuelog.FileVerifier)
 	if err := atomicfile.Write(path, []byte(ns.Verifier()+"\n"), 0o644, force); err != nil {
 		return fmt.Errorf("log init: write %s: %w (pass --force to replace it)", path, err)
 	}

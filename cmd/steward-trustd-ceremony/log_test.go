@@ -34,7 +34,7 @@ func TestLogCommands(t *testing.T) {
 		t.Errorf("a second log init over the key: %d %s", code, errOut)
 	}
 	certFile := writeLog(t, logDir, keyURI)
-	pub := filepath.Join(logDir, FileLogKey)
+	pub := filepath.Join(logDir, issuelog.FileVerifier)
 	if code, out, errOut := runCmd(t, "log", "verify", "--log", logDir, "--key", pub); code != 0 || !strings.Contains(out, "1 certificates") {
 		t.Fatalf("log verify: %d %s %s", code, out, errOut)
 	}
