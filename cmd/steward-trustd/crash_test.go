@@ -80,7 +80,7 @@ func TestKill9DuringFleetBoot(t *testing.T) {
 // bootWorker retries until the daemon (at the current address) issues.
 func bootWorker(t *testing.T, addr *atomic.Value, caPEM []byte) []byte {
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if der, err := requestCert(addr.Load().(string), caPEM); err == nil {
+		if der, err := requestCert(addr.Load().(string), caPEM, "tok-1"); err == nil {
 			return der
 		}
 	}
@@ -88,7 +88,9 @@ func bootWorker(t *testing.T, addr *atomic.Value, caPEM []byte) []byte {
 	return nil
 }
 
-func requestCert(addr string, caPEM []byte) ([]byte, error) {
+// requestCert asks for a certificate as a worker does (a fresh key, CSR
+// and connection) and returns its DER.
+func requestCert(addr string, caPEM []byte, token string) ([]byte, error) {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(caPEM)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})))
@@ -101,7 +103,7 @@ func requestCert(addr string, caPEM []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "token", "tok-1"), 10*time.Second)
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "token", token), 10*time.Second)
 	defer cancel()
 	resp, err := securityapi.NewSecurityServiceClient(conn).Certificate(ctx, &securityapi.CertificateRequest{Csr: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})})
 	if err != nil {
