@@ -39,6 +39,7 @@ var commandOperations = map[string][]string{
 	"log init":                nil, // writes log.pub into the log directory, no ceremony directory; an interrupted run resumes with --reuse-key
 	"log verify":              nil, // reads
 	"log prove":               nil, // reads
+	"log witness":             nil, // keeps the cosigned checkpoints in its own --state directory, not a ceremony directory
 }
 
 // TestEveryCommandHasItsOperations: every command the CLI can run is
