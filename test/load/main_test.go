@@ -33,6 +33,10 @@ func TestValidateLoopbackOnly(t *testing.T) {
 		{addr: "127.0.0.1:1", workers: 0, requests: 1, duration: time.Minute, keyType: "p256"},
 		{addr: "127.0.0.1:1", workers: 1, requests: 1, duration: 2 * time.Hour, keyType: "p256"},
 		{addr: "127.0.0.1:1", workers: 1, requests: 1, duration: time.Minute, keyType: "rsa"},
+		{addr: "127.0.0.1:1", workers: 1, requests: 1, duration: time.Minute, keyType: "p256", light: true, retry: true},
+		{addr: "127.0.0.1:1", workers: 1, requests: 1, duration: time.Minute, keyType: "p256", light: true, ramp: time.Second},
+		{addr: "127.0.0.1:1", workers: 1, requests: maxLightRequests + 1, duration: time.Minute, keyType: "p256", light: true},
+		{addr: "127.0.0.1:1", workers: 1, requests: maxLightRequests + 1, duration: time.Minute, keyType: "p256", cpuBound: true},
 	} {
 		if err := bad.validate(); err == nil {
 			t.Errorf("validate(%+v) accepted", bad)
@@ -55,6 +59,24 @@ func TestSourceForStaysOnLoopback(t *testing.T) {
 			t.Fatalf("source %s repeats", a)
 		}
 		seen[a] = true
+	}
+}
+
+func TestLightDefaultsTo32Connections(t *testing.T) {
+	// -light's default is 32 kept-alive connections; an explicit -workers
+	// is kept, and the heavy client's default is unchanged.
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"-light"}, lightWorkers},
+		{[]string{"-light", "-workers", "3"}, 3},
+		{nil, 8},
+	} {
+		o, err := parseOptions(c.args, io.Discard)
+		if err != nil || o.workers != c.want {
+			t.Errorf("%v: workers %d, want %d (%v)", c.args, o.workers, c.want, err)
+		}
 	}
 }
 
