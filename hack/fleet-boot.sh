@@ -68,35 +68,38 @@ start_tpm() {
 # Kept-alive clients share one source address: no per-address limit there.
 steady() { local label=$1; shift; echo "== $label"; "$bin/load" -reuse -duration "$DURATION" "$@" || true; }
 
-# rate OUTPUT: the certificates/s of a load run ("(123.4/s)").
-rate() { sed -n 's/^.*certificates[^(]*(\([0-9.]*\)\/s).*$/\1/p' <<<"$1" | head -1; }
+# rate OUTPUT: the certificates/s of a load run ("(123.4/s)"); cpu OUTPUT:
+# the server's CPU ms per certificate (load -daemon-pid).
+rate() { sed -n 's/^certificates:.*(\([0-9.]*\)\/s).*$/\1/p' <<<"$1" | head -1; }
+cpu() { sed -n 's/^server CPU per certificate: \([0-9.]*\) ms.*$/\1/p' <<<"$1" | head -1; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
 
 # light LABEL ARGS...: one light-client run; prints its output, sets $out.
 light() { local label=$1; shift; echo "== $label"; out=$("$bin/load" -light -duration "$DURATION" "$@" 2>&1 || true); echo "$out"; }
 
 file_anchor() {
-  local dir=$work/anchor n=${FILE_REQUESTS:-6000} clients=${FILE_CLIENTS:-32} d a ratios="" rates="" bound
+  local dir=$work/anchor n=${FILE_REQUESTS:-6000} clients=${FILE_CLIENTS:-32} anchor d a ratios="" cpus="" rates="" bound
   "$bin/steward-trustd-gencreds" -cluster anchor -output "$dir" >/dev/null
   run_daemon "$dir" "file:$dir/os-ca.key" TRUSTD_PEER_RATE=-1
   "$bin/load" -serve-anchor -addr 127.0.0.1:$((port + 2000)) -certs "$dir" -duration "$DURATION" 2>"$work/anchor.log" &
-  pids+=($!)
+  anchor=$!
+  pids+=("$anchor")
   wait_for "$work/anchor.log" "anchor listening" anchor
   echo "== file-anchor: load average $(cut -d' ' -f1-3 /proc/loadavg)"
   for round in $(seq "${ROUNDS:-3}"); do
-    light "file-anchor round $round: steward-trustd, file key" -addr 127.0.0.1:$port -certs "$dir" -workers "$clients" -requests "$n"
-    d=$(rate "$out")
-    light "file-anchor round $round: bare Talos-style server" -addr 127.0.0.1:$((port + 2000)) -certs "$dir" -workers "$clients" -requests "$n"
+    light "file-anchor round $round: steward-trustd, file key" -addr 127.0.0.1:$port -certs "$dir" -workers "$clients" -requests "$n" -daemon-pid "$daemon"
+    d=$(rate "$out") dc=$(cpu "$out")
+    light "file-anchor round $round: bare Talos-style server" -addr 127.0.0.1:$((port + 2000)) -certs "$dir" -workers "$clients" -requests "$n" -daemon-pid "$anchor"
     a=$(rate "$out")
-    ratios+=" $(ratio "$d" "$a")"; rates+=" $d"
+    ratios+=" $(ratio "$d" "$a")"; cpus+=" $(ratio "$(cpu "$out")" "$dc")"; rates+=" $d"
   done
-  kill -INT "$daemon"; wait "$daemon" 2>/dev/null || true
+  kill -INT "$daemon" "$anchor"; wait "$daemon" "$anchor" 2>/dev/null || true
   echo "== file-anchor: local CPU bound"
   out=$("$bin/load" -cpu-bound -certs "$dir" -requests "$n" 2>&1 || true); echo "$out"
   bound=$(sed -n 's/^local CPU bound.*(\([0-9.]*\)\/s).*$/\1/p' <<<"$out")
   local bratios=""
   for d in $rates; do bratios+=" $(ratio "$d" "$bound")"; done
-  echo "== file-anchor summary: daemon ÷ anchor per round:$ratios; daemon ÷ local CPU bound ($bound/s):$bratios; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "== file-anchor summary: daemon ÷ anchor in certificates/s per round:$ratios; in CPU per certificate (anchor's ÷ daemon's):$cpus; daemon ÷ local CPU bound ($bound/s):$bratios; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
 tpm60_kept() {

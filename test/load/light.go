@@ -59,6 +59,7 @@ func runLight(o options) (*result, error) {
 	l := &lightRun{o: o, ctx: metadata.AppendToOutgoingContext(ctx, workerclient.TokenMetadata, token), csrs: csrs, conns: conns,
 		res: &result{codes: map[codes.Code]int{}, bootLog: newBootLog(o.requests, time.Now())}}
 	l.res.latencies = make([]time.Duration, 0, o.requests)
+	cpu0, cpuErr := serverCPU(o)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for _, cc := range conns {
@@ -70,7 +71,18 @@ func runLight(o options) (*result, error) {
 	}
 	wg.Wait()
 	l.res.elapsed = time.Since(start)
+	if cpu1, err := serverCPU(o); err == nil && cpuErr == nil {
+		l.res.serverCPU = cpu1 - cpu0
+	}
 	return l.res, nil
+}
+
+// serverCPU is -daemon-pid's CPU time so far; an error without one.
+func serverCPU(o options) (time.Duration, error) {
+	if o.rssPID <= 0 {
+		return 0, errors.New("no -daemon-pid")
+	}
+	return processCPU(o.rssPID)
 }
 
 // workerCredentials reads the token and the worker's trust anchors from

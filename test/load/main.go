@@ -108,7 +108,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.retry, "retry", false, "retry like a Talos worker until a certificate arrives (counting each failed attempt)")
 	fs.StringVar(&o.keyType, "key", "p256", "worker key: p256 (Talos 1.10+ under an ECDSA CA) or ed25519 (Talos 1.9)")
 	fs.BoolVar(&o.print, "print", false, "print each issued certificate's subject, SANs and validity")
-	fs.IntVar(&o.rssPID, "daemon-pid", 0, "report this process's peak RSS (VmHWM) at the end")
+	fs.IntVar(&o.rssPID, "daemon-pid", 0, "report this process's peak RSS (VmHWM) at the end, and with -light its CPU time per certificate (the server's cost, robust on a shared machine)")
 	fs.DurationVar(&o.reqTimeout, "timeout", 10*time.Second, "per-attempt timeout (Talos uses 10s)")
 	fs.BoolVar(&o.reuse, "reuse", false, "keep one connection per concurrent client (measures issuance, not TLS handshakes)")
 	fs.BoolVar(&o.sources, "spread-sources", false, "give each simulated worker its own 127.x.y.z source address, as a fleet has (per-address rate limits apply per worker)")
@@ -200,6 +200,7 @@ type result struct {
 	codes     map[codes.Code]int
 	issued    int
 	elapsed   time.Duration
+	serverCPU time.Duration // -light with -daemon-pid: the server's CPU time in the measured window
 	bootLog   *bootLog
 }
 
@@ -452,6 +453,10 @@ func (r *result) report(w io.Writer, o options) {
 	r.bootLog.report(w)
 	if o.metrics != "" {
 		reportDaemonCounters(w, o.metrics)
+	}
+	if r.serverCPU > 0 && r.issued > 0 {
+		fmt.Fprintf(w, "server CPU per certificate: %.3f ms (%s over the run, pid %d)\n",
+			float64(r.serverCPU.Microseconds())/1000/float64(r.issued), r.serverCPU, o.rssPID)
 	}
 	if o.rssPID > 0 {
 		if hwm, err := peakRSS(o.rssPID); err == nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 )
@@ -86,5 +87,22 @@ func TestRunRefusesBadArguments(t *testing.T) {
 	}
 	if code := run([]string{"-nope"}, io.Discard, io.Discard); code != 2 {
 		t.Fatalf("unknown flag: exit %d, want 2", code)
+	}
+}
+
+func TestProcessCPU(t *testing.T) {
+	before, err := processCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+		// spin: the CPU time must grow
+	}
+	after, err := processCPU(os.Getpid())
+	if err != nil || after <= before {
+		t.Errorf("CPU time %s then %s (%v): want it to grow while the test spins", before, after, err)
+	}
+	if _, err := processCPU(-1); err == nil {
+		t.Error("a process that does not exist has a CPU time")
 	}
 }
