@@ -62,6 +62,7 @@ func classify(err error) class {
 		signerErr *signError
 		sizeErr   *oversizeError
 		lintErr   *lintError
+		logErr    *logError
 	)
 	if c, ok := classifyAuthz(err); ok {
 		return c
@@ -87,6 +88,8 @@ func classify(err error) class {
 		return class{codes.DeadlineExceeded, "deadline exceeded", "error"}
 	case errors.Is(err, context.Canceled):
 		return class{codes.Canceled, "request canceled", "error"}
+	case errors.As(err, &logErr):
+		return class{codes.Unavailable, "the issuance log cannot record certificates, so none is issued; retry later", "log_error"}
 	case errors.As(err, &signerErr):
 		return class{codes.Unavailable, "certificate signing is temporarily unavailable; retry later", "signer_error"}
 	default:

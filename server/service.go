@@ -50,6 +50,9 @@ type Config struct {
 	Metrics *Metrics
 	// Readiness, if set, learns the outcome of every signature.
 	Readiness *Readiness
+	// IssueLog, if set, records every decision; an issued certificate
+	// is sent only once it holds it.
+	IssueLog IssueLog
 	// Authorizer, if set, decides per machine after the static policy.
 	Authorizer *Authorizer
 }
@@ -71,6 +74,7 @@ type Service struct {
 	signerState signerState
 	limiter     *limiter
 	lintWarned  lintWarned
+	issueLog    IssueLog
 	metrics     *Metrics
 	readiness   *Readiness
 	authorizer  *Authorizer
@@ -96,6 +100,7 @@ func New(cfg Config) (*Service, error) {
 
 		metrics:    cfg.Metrics,
 		readiness:  cfg.Readiness,
+		issueLog:   cfg.IssueLog,
 		authorizer: cfg.Authorizer,
 	}
 	if s.log == nil {
@@ -143,6 +148,7 @@ func (s *Service) Certificate(ctx context.Context, req *securityapi.CertificateR
 	resp, err := s.certificate(ctx, creds, req, peerAddr, &rec)
 	rec.duration = s.now().Sub(start)
 	s.writeAudit(ctx, rec, err)
+	s.logDenied(ctx, rec, err)
 	s.metrics.observeOutcome(outcome(err))
 	return resp, toStatus(err)
 }
@@ -201,6 +207,9 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	}
 	rec.serial = cert.SerialNumber.Text(16)
 	rec.notAfter = cert.NotAfter
+	if err := s.logIssued(ctx, r, cert, rec); err != nil {
+		return nil, err
+	}
 	return &securityapi.CertificateResponse{
 		Ca:  creds.bundle,
 		Crt: creds.withChain(cert.Raw),

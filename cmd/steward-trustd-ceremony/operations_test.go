@@ -31,11 +31,15 @@ var commandOperations = map[string][]string{
 	"attest":                  {"attest", "attest.respond"},
 	"verify-attestation":      {"verify-attestation", "verify-attestation.activation"},
 	"policy approve":          {"policy.approve"},
+	"policy revoke":           {"policy.revoke"},
 	"policy authority create": nil, // an offline key for no ceremony directory; it is never overwritten
 	"policy quote":            nil, // reads the TPM's PCRs for the approver
 	"status":                  nil, // reads
 	"doctor":                  nil, // reads
 	"fleet check":             nil, // reads
+	"log init":                nil, // makes the log key on its device and writes log.pub beside the log, outside any ceremony directory
+	"log verify":              nil, // reads
+	"log prove":               nil, // reads
 }
 
 // TestEveryCommandHasItsOperations: every command the CLI can run is
