@@ -425,11 +425,14 @@ func (l *connListener) established(tc *trackedConn) {
 	}
 }
 
-// streamStarted records a request stream on tc.
+// streamStarted records a request stream on tc. It runs in the
+// connection's HTTP/2 reader for every request, so it takes no lock: the
+// listener's mutex was the most contended one under load (see
+// docs/performance.md), and only "any stream yet" is ever asked.
 func (l *connListener) streamStarted(tc *trackedConn) {
-	l.mu.Lock()
-	tc.streams++
-	l.mu.Unlock()
+	if !tc.sawStream.Load() {
+		tc.sawStream.Store(true)
+	}
 }
 
 // requestStarted records that tc carries a request that passed the token
