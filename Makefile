@@ -95,7 +95,10 @@ test-k8s: deps
 # and kube-proxy in a network namespace of its own and runs test/k8s's
 # TestNodeE2E there: overlays/file deployed with the image from `make
 # image` (tagged as deploy/kubernetes/base names it), pod Ready, TLS through
-# the Service verifying to os-ca.crt. Overwrites $(BIN)/image.
+# the Service verifying to os-ca.crt; then overlays/pkcs11 (SoftHSMv2 module
+# image) and overlays/ha-pkcs11 (eviction, PDB, rolling update). containerd
+# v2.4.2 comes from hack/containerd-build.sh (Go module proxy, cached).
+# Overwrites $(BIN)/image.
 E2E_TAG = $(shell sed -n 's/^ *newTag: *//p' deploy/kubernetes/base/kustomization.yaml | head -1)
 e2e: deps
 	$(MAKE) image IMAGE_ARCHS=amd64 VERSION=$(E2E_TAG)

@@ -16,6 +16,7 @@ require (
 	github.com/zmap/zcrypto v0.0.0-20260906180147-3ed30b1e9340
 	github.com/zmap/zlint/v3 v3.7.3
 	go.yaml.in/yaml/v4 v4.0.0-rc.6
+	golang.org/x/mod v0.43.0
 	golang.org/x/net v0.60.0
 	golang.org/x/sync v0.24.0
 	golang.org/x/sys v0.48.0

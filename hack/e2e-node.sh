@@ -21,7 +21,7 @@
 #        everything up (then: hack/e2e-node.sh down STATE)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-NODE_IP=10.213.0.1 POD_CIDR=10.213.0.0/24 NODE_NAME=e2e-node SVC_CIDR=10.0.0.0/24 SERVICE_IP=10.0.0.50
+NODE_IP=10.213.0.1 POD_CIDR=10.213.0.0/24 NODE_NAME=e2e-node SVC_CIDR=10.0.0.0/24
 
 log() { echo "e2e-node: +$(( SECONDS - t0 ))s $*" >&2; }
 t0=$SECONDS
@@ -218,6 +218,10 @@ EOF
   ctr images import "$STATE/pause.tar" >&2
   tar -C "$IMAGE" -cf "$STATE/image.tar" .
   ctr images import --base-name "$base" "$STATE/image.tar" >&2
+  # The same image under a second tag: the HA layout's rolling update.
+  local tag; tag=$(sed -n 's/^ *newTag: *//p' "$repo/deploy/kubernetes/base/kustomization.yaml" | head -1)
+  ROLLOUT_IMAGE=$base:$tag-e2e-rollout
+  ctr images tag "$base:$tag" "$ROLLOUT_IMAGE" >&2
   log "images imported"
   : >"$RUN/resolv.conf"
   cat >"$RUN/kubelet.yaml" <<EOF
@@ -264,6 +268,37 @@ EOF
   start kubelet "$BIN/kubelet" --config="$RUN/kubelet.yaml" --kubeconfig="$RUN/kubelet.kubeconfig" \
     --root-dir="$STATE/kubelet" --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --v=1
   wait_for "node $NODE_NAME Ready" 180 kubelet node_ready
+}
+
+# hsm_module: the SoftHSMv2 "vendor module" the pkcs11 overlays mount as an
+# image volume at /opt/hsm: Debian's libsofthsm2.so as the overlay's
+# lib/libvendor.so, the libraries it needs beyond the image's C/C++ runtime
+# (OpenSSL's libcrypto) beside it, its configuration and a token made the
+# documented way (softhsm2-util --init-token, then steward-trustd-ceremony
+# init with the overlay's token and object labels), built with hack/image
+# -data and imported with ctr. The token is read-only in the pod (SoftHSM
+# signs from a read-only token directory); both pkcs11 layouts share it,
+# as replicas share a clustered HSM's key. The PIN stays in $STATE/hsm.
+hsm_module() {
+  local hsm=$STATE/hsm so=/usr/lib/softhsm/libsofthsm2.so l
+  local mod=$hsm/module
+  mkdir -p "$mod/lib" "$mod/etc" "$mod/tokens"
+  cp "$so" "$mod/lib/libvendor.so"
+  for l in $(ldd "$so" | awk '$2 == "=>" {print $3}'); do
+    case ${l##*/} in libc.so.*|libm.so.*|libstdc++.so.*|libgcc_s.so.*|ld-linux*) continue ;; esac
+    cp "$l" "$mod/lib/"
+  done
+  printf 'directories.tokendir = /opt/hsm/tokens\nobjectstore.backend = file\nlog.level = ERROR\n' >"$mod/etc/softhsm2.conf"
+  printf 'directories.tokendir = %s\nobjectstore.backend = file\nlog.level = ERROR\n' "$mod/tokens" >"$hsm/softhsm2.conf"
+  (umask 077; token >"$hsm/pin"; token >"$hsm/so-pin")
+  SOFTHSM2_CONF=$hsm/softhsm2.conf timeout 30 softhsm2-util --init-token --free --label trustd \
+    --so-pin "$(cat "$hsm/so-pin")" --pin "$(cat "$hsm/pin")" >/dev/null
+  SOFTHSM2_CONF=$hsm/softhsm2.conf timeout 60 "$CEREMONY" init --cluster example --out "$hsm/certs" \
+    --signer "pkcs11:token=trustd;object=os-ca?module-path=$so&pin-source=file:$hsm/pin" >&2
+  (cd "$repo/hack/image" && timeout 120 go run . -data "$mod" -arch amd64 -out "$hsm/image" -tag "$HSM_TAG")
+  tar -C "$hsm/image" -cf "$hsm/image.tar" .
+  ctr images import --base-name "${HSM_IMAGE%:*}" "$hsm/image.tar" >&2
+  log "SoftHSM module image $HSM_IMAGE imported"
 }
 
 logs() {
@@ -342,28 +377,35 @@ pod_netns() {
 if [ "${1:-}" = down ]; then STATE=${2:?usage: e2e-node.sh down STATE}; RUN=$STATE/run; down; exit; fi
 [ "$(id -u)" -eq 0 ] || { echo "e2e-node: needs root (network namespace, cgroups, mounts)" >&2; exit 2; }
 BIN=$(realpath "${1:?usage: e2e-node.sh BIN CTRD IMAGE GENCREDS}") CTRD=$(realpath "${2:?}") IMAGE=$(realpath "${3:?}") GENCREDS=$(realpath "${4:?}")
+CEREMONY=$(dirname "$GENCREDS")/steward-trustd-ceremony
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
   [ -x "$BIN/$b" ] || { echo "e2e-node: $BIN/$b missing: hack/k8s-build.sh $b" >&2; exit 2; }
 done
 for b in containerd containerd-shim-runc-v2 ctr; do
   [ -x "$CTRD/$b" ] || { echo "e2e-node: $CTRD/$b missing: hack/containerd-build.sh" >&2; exit 2; }
 done
-for c in etcd runc nft curl openssl gcc /usr/lib/cni/bridge; do
+[ -f /usr/lib/softhsm/libsofthsm2.so ] || { echo "e2e-node: SoftHSMv2's module missing: run hack/deps.sh" >&2; exit 2; }
+for c in etcd runc nft curl openssl gcc softhsm2-util "$CEREMONY" /usr/lib/cni/bridge; do
   command -v "$c" >/dev/null || { echo "e2e-node: $c missing: run hack/deps.sh" >&2; exit 2; }
 done
 PAUSE_TAG=3.10.2 PAUSE=localhost/e2e/pause:3.10.2
+HSM_TAG=$(dpkg-query -W -f '${Version}' softhsm2 | tr -c 'A-Za-z0-9._\n-' _) HSM_IMAGE=localhost/e2e/softhsm-module:$HSM_TAG
 STATE=${E2E_STATE:-$(mktemp -d /tmp/steward-e2e.XXXXXX)}; RUN=$STATE/run
 mkdir -p "$RUN"; : >"$RUN/order"
 NS=steward-e2e-$$
 trap 'rc=$?; [ $rc -eq 0 ] || logs; if [ -n "${E2E_KEEP:-}" ]; then log "kept: hack/e2e-node.sh down $STATE"; else down; fi; exit $rc' EXIT
 up_api
 up_node
+hsm_module
+# Talos v1.14.1's worker code (test/deploy's TestTalosWorkerThroughService)
+# as a test binary TestNodeE2E runs against each layout's Service; it
+# lives in test/deploy because Talos's module graph would change the
+# Kubernetes binaries test/k8s builds.
+(cd "$repo/test/deploy" && timeout 300 go test -c -o "$STATE/talos-worker.test" .)
 log "cluster up"
 # The tests run inside the namespace (the API server, the pod and the
 # Service are reachable only there).
-export STEWARD_K8S_E2E=1 E2E_STATE=$STATE E2E_GENCREDS=$GENCREDS E2E_SERVICE_IP=$SERVICE_IP
-(cd "$repo/test/k8s" && timeout 600 nsenter --net="/run/netns/$NS" go test -count=1 -v -timeout 540s -run '^TestNodeE2E$' .)
+export STEWARD_K8S_E2E=1 E2E_STATE=$STATE E2E_GENCREDS=$GENCREDS E2E_TALOS_WORKER=$STATE/talos-worker.test \
+  E2E_HSM=$STATE/hsm E2E_HSM_IMAGE=$HSM_IMAGE E2E_ROLLOUT_IMAGE=$ROLLOUT_IMAGE
+(cd "$repo/test/k8s" && timeout 900 nsenter --net="/run/netns/$NS" go test -count=1 -v -timeout 840s -run '^TestNodeE2E$' .)
 log "TestNodeE2E passed"
-(cd "$repo/test/deploy" && E2E_CERTS=$STATE/certs E2E_TRUSTD_ADDR=$SERVICE_IP:50001 \
-  timeout 300 nsenter --net="/run/netns/$NS" go test -count=1 -v -timeout 240s -run '^TestTalosWorkerThroughService$' .)
-log "TestTalosWorkerThroughService passed"

@@ -55,7 +55,7 @@ start_tpm() {
     --ctrl "type=unixio,path=$d/ctrl" --flags not-need-init,startup-clear &
   pids+=($!)
   for _ in $(seq 100); do [ -S "$d/sock" ] && break; sleep 0.05; done
-  "$bin/steward-tpm-relay" --upstream "$d/sock" --listen "$d/relay.sock" ${latency:+--latency "Sign=$latency"} 2>"$d/relay.log" &
+  "$bin/steward-tpm-relay" --upstream "$d/sock" --listen "$d/relay.sock" ${latency:+--latency "Sign=$latency"} ${RELAY_FLAGS:-} 2>"$d/relay.log" &
   pids+=($!)
   wait_for "$d/relay.log" "steward-tpm-relay listening" relay
 }
@@ -80,12 +80,16 @@ file_anchor() {
 
 tpm60_kept() {
   local dir=$work/kept
-  start_tpm "$work/kept-tpm" "$TPM_SIGN"
-  local signer="tpm:path=$work/kept-tpm/os-ca.tpmkey;socket=$work/kept-tpm/relay.sock"
+  RELAY_FLAGS=--log-commands start_tpm "$work/kept-tpm" "$TPM_SIGN"
+  # connections=2: the relay stands for the kernel resource manager, where
+  # that is the default (the next request's policy session is prepared
+  # while the current TPM2_Sign runs).
+  local signer="tpm:path=$work/kept-tpm/os-ca.tpmkey;socket=$work/kept-tpm/relay.sock;connections=2"
   "$bin/steward-trustd-ceremony" init --signer "$signer" --cluster fleet --out "$dir" >/dev/null
   run_daemon "$dir" "$signer" TRUSTD_PEER_RATE=-1
   steady "tpm60-kept: 16 kept-alive clients, Sign=$TPM_SIGN" -addr 127.0.0.1:$port -certs "$dir" -workers 16 -requests "${KEPT_REQUESTS:-500}" \
     -metrics "http://127.0.0.1:$((port + 1000))/metrics"
+  echo "== tpm60-kept: the device, from the relay's command log: $(go run ./tpmsim/relaystat -sign "$TPM_SIGN" <"$work/kept-tpm/relay.log")"
   kill -INT "$daemon"; wait "$daemon" 2>/dev/null || true
 }
 

@@ -15,7 +15,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 // ImportSource is an existing OS CA to move onto a device.
@@ -97,6 +96,9 @@ type ImportOptions struct {
 	Cluster string
 	// Force allows replacing existing output files (never device keys).
 	Force bool
+	// Authorities, if any, put the key into the TPM under policy
+	// authorities.
+	Authorities Authorities
 }
 
 // Import checks that the certificate matches the key and is a CA, puts the
@@ -175,13 +177,17 @@ func importTargetFree(st *state, o ImportOptions) error {
 // importKey puts the source key on the device, or finds it there from an
 // earlier run (same fingerprint).
 func (c *Ceremony) importKey(ctx context.Context, st *state, o ImportOptions, fp string) (signer.Signer, []string, error) {
-	s, err := c.Keys.Import(ctx, o.SignerURI, o.Source.Key)
+	uri, err := c.underAuthorities(ctx, st, o.SignerURI, o.Authorities)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := c.Keys.Import(ctx, uri, o.Source.Key)
 	switch {
 	case err == nil:
 		c.step("import key imported")
 		return s, nil, nil
 	case errors.Is(err, signer.ErrKeyExists):
-		return c.importedEarlier(ctx, st, o.SignerURI, fp)
+		return c.importedEarlier(ctx, st, uri, fp)
 	}
 	return nil, nil, err
 }
@@ -243,12 +249,13 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	return p, nil
 }
 
-// destroySourceNote says where the key now is (a file key is no device)
-// and that every copy of the source must go.
+// destroySourceNote says where the key now is (an extractable key, a
+// file key always, is held by no device) and that every copy of the
+// source must go.
 func destroySourceNote(key signer.Description) string {
 	where := "is on the device (" + key.Location + ")"
-	if key.Backend == file.Scheme {
-		where = "is in the key file " + key.Location + " (extractable: no device holds it)"
+	if key.Extractable {
+		where = "is at " + key.Location + " (extractable: no device keeps it from being copied)"
 	}
 	return "the key " + where + " and signs correctly: now destroy every copy of the source key, including backups " +
 		"(a key file: shred -u; a secrets.yaml: the import writes its worker secrets file without the OS CA key, then destroy the original)"

@@ -27,6 +27,8 @@ type InitOptions struct {
 	Algorithm signer.Algorithm
 	// Force allows replacing existing output files (never device keys).
 	Force bool
+	// Authorities, if any, create a TPM key under policy authorities.
+	Authorities Authorities
 }
 
 // initOutputs are the files init writes besides its receipt.
@@ -92,7 +94,7 @@ func (o *InitOptions) check() error {
 // directory init would then refuse to write.
 func (c *Ceremony) initKey(ctx context.Context, st *state, o InitOptions) (signer.Signer, []string, error) {
 	resumeOnly := !o.Force && st.has(initOutputs...)
-	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opInitKey, uri: o.SignerURI, alg: o.Algorithm, resumeOnly: resumeOnly})
+	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opInitKey, uri: o.SignerURI, alg: o.Algorithm, resumeOnly: resumeOnly, authorities: o.Authorities})
 	if errors.Is(err, errNothingToResume) {
 		return nil, nil, fmt.Errorf("%w: %s holds the files of another init (no key at the signer URI was created for them); use another --out, or --force", ErrExists, st.dir.Path(""))
 	}

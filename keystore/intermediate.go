@@ -39,6 +39,8 @@ type IntermediateRequestOptions struct {
 	// Out receives the PEM certificate request (replaced if present: a
 	// request holds nothing secret and can be made again from the key).
 	Out Target
+	// Authorities, if any, create a TPM key under policy authorities.
+	Authorities Authorities
 }
 
 // IntermediateRequest creates the node's intermediate key on its device
@@ -56,7 +58,7 @@ func (c *Ceremony) IntermediateRequest(ctx context.Context, d Dir, o Intermediat
 	if err := replaceableRequest(o.Out); err != nil {
 		return nil, fmt.Errorf("intermediate request: %w", err)
 	}
-	key, resumed, err := c.intermediateKey(ctx, d, o)
+	key, pre, err := c.intermediateKey(ctx, d, o)
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request: %w", err)
 	}
@@ -74,20 +76,21 @@ func (c *Ceremony) IntermediateRequest(ctx context.Context, d Dir, o Intermediat
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request: %w", err)
 	}
-	out.Resumed = resumed
-	out.Notes = []string{"take the request to the root's host and run `steward-trustd-ceremony intermediate sign --csr " + o.Out.Dir.Path(o.Out.Name) + " ...`"}
+	out.Resumed, out.Written = pre.Resumed, concat(pre.Written, out.Written)
+	out.Notes = append(pre.Notes, "take the request to the root's host and run `steward-trustd-ceremony intermediate sign --csr "+o.Out.Dir.Path(o.Out.Name)+" ...`")
 	return out, nil
 }
 
 // intermediateKey returns the node's key: created (or resumed) under the
-// directory's lock, or, with ReuseKey, an existing one.
-func (c *Ceremony) intermediateKey(ctx context.Context, d Dir, o IntermediateRequestOptions) (signer.Signer, []string, error) {
+// directory's lock, or, with ReuseKey, an existing one; and what was
+// done before the request (resumed steps, an approval for the key).
+func (c *Ceremony) intermediateKey(ctx context.Context, d Dir, o IntermediateRequestOptions) (signer.Signer, *Outcome, error) {
 	st, unlock, err := c.begin(d)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer unlock()
-	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opIntermediateKey, uri: o.SignerURI, alg: o.Algorithm})
+	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opIntermediateKey, uri: o.SignerURI, alg: o.Algorithm, authorities: o.Authorities})
 	var foreign *ForeignKeyError
 	switch {
 	case errors.As(err, &foreign) && o.ReuseKey:
@@ -96,7 +99,7 @@ func (c *Ceremony) intermediateKey(ctx context.Context, d Dir, o IntermediateReq
 	case errors.As(err, &foreign):
 		err = fmt.Errorf("%w; if this is the node's intermediate key, re-run with --reuse-key", err)
 	}
-	return key, append(st.cleaned, resumed...), err
+	return key, &Outcome{Resumed: concat(st.cleaned, st.earlier.Resumed, resumed), Written: st.earlier.Written, Notes: st.earlier.Notes}, err
 }
 
 // replaceableRequest checks that the request's output is absent or holds
@@ -135,7 +138,7 @@ func isPEMRequest(b []byte) bool {
 func planIntermediateRequest(key signer.Description, csrPEM []byte, o IntermediateRequestOptions) issuance {
 	return issuance{
 		op: opIntermediateRequest, key: key, details: map[string]string{"name": o.Name},
-		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: csrPEM, Mode: 0o644}, Overwrite: true}},
+		outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: csrPEM, Mode: 0o644}, Overwrite: true}},
 	}
 }
 
@@ -229,6 +232,6 @@ func planIntermediateSign(root signer.Description, cert *x509.Certificate, o Int
 	return issuance{
 		op: opIntermediateSign, key: root, cert: cert,
 		details: map[string]string{"caFingerprint": pki.CertFingerprint(o.CA), "permittedIPRanges": strings.Join(ranges, ","), "eku": pki.DescribeEKU(cert)},
-		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
+		outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
 	}
 }

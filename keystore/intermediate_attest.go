@@ -53,7 +53,7 @@ func (c *Ceremony) IntermediateAttest(ctx context.Context, d Dir, o Intermediate
 	}
 	r := newReceipt(opIntermediateAttest, desc)
 	r.Details = map[string]string{"name": csr.Subject.CommonName}
-	out, err := c.record(d, &plan{receipt: r, outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: true}}})
+	out, err := c.record(d, &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: true}}})
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +213,7 @@ func (c *Ceremony) IntermediateInstall(ctx context.Context, d Dir, o Intermediat
 	r := newReceipt(opIntermediateInstall, desc)
 	certReceipt(&r, cert)
 	r.Details = map[string]string{"outcome": "installed; activation proof written for the root"}
-	out, err := c.record(d, &plan{receipt: r, outputs: []Placed{
+	out, err := c.record(d, &plan{receipt: r, outputs: []placement{
 		{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force},
 		{Dir: o.ProofOut.Dir, File: File{Name: o.ProofOut.Name, Data: proof, Mode: 0o644}, Overwrite: true},
 	}})

@@ -50,7 +50,7 @@ type issuance struct {
 	key     signer.Description
 	cert    *x509.Certificate
 	details map[string]string
-	outputs []Placed
+	outputs []placement
 }
 
 // plan is the pure half of an issuing operation: the outputs and the
@@ -108,7 +108,7 @@ func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) 
 	out, err := c.record(receipts, issuance{
 		op: opSignCSR, key: s.Describe(), cert: cert,
 		details: map[string]string{"roles": strings.Join(roles, ","), "caFingerprint": pki.CertFingerprint(o.CA)},
-		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
+		outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
 	}.plan())
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
@@ -197,7 +197,7 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	out, err := c.record(receipts, issuance{
 		op: opTalosconfig, key: s.Describe(), cert: cert,
 		details: map[string]string{"roles": strings.Join(roles, ","), "context": o.Context, "endpoints": strings.Join(o.Endpoints, ","), "caFingerprint": pki.CertFingerprint(o.CA)},
-		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o600}, Overwrite: o.Force}},
+		outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o600}, Overwrite: o.Force}},
 	}.plan())
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
@@ -256,7 +256,7 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
 	if !o.Force {
-		if err := CheckAbsent(o.Out, []File{{Name: certdir.FileServerCert}, {Name: certdir.FileServerKey}}); err != nil {
+		if err := checkAbsent(o.Out, []File{{Name: certdir.FileServerCert}, {Name: certdir.FileServerKey}}); err != nil {
 			return nil, nil, fmt.Errorf("server-cert: %w", err)
 		}
 	}
@@ -287,9 +287,9 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 // serverCertOutputs are server.key and server.crt in o.Out and, in a
 // ceremony directory, the Secret manifest (the daemon's cert dir) kept in
 // step with them.
-func serverCertOutputs(o ServerCertOptions, cert *x509.Certificate, keyPEM []byte) ([]Placed, error) {
+func serverCertOutputs(o ServerCertOptions, cert *x509.Certificate, keyPEM []byte) ([]placement, error) {
 	crtPEM := pki.EncodeCertificates(cert)
-	out := []Placed{
+	out := []placement{
 		{Dir: o.Out, File: File{Name: certdir.FileServerKey, Data: keyPEM, Mode: 0o600}, Overwrite: o.Force},
 		{Dir: o.Out, File: File{Name: certdir.FileServerCert, Data: crtPEM, Mode: 0o600}, Overwrite: o.Force},
 	}
@@ -297,7 +297,7 @@ func serverCertOutputs(o ServerCertOptions, cert *x509.Certificate, keyPEM []byt
 	if err != nil || secret == nil {
 		return out, err
 	}
-	return append(out, Placed{Dir: o.Out, File: *secret, Overwrite: true}), nil
+	return append(out, placement{Dir: o.Out, File: *secret, Overwrite: true}), nil
 }
 
 // refreshedSecret rebuilds kubernetes-secret.yaml of a ceremony directory

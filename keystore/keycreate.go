@@ -55,6 +55,9 @@ type keyRequest struct {
 	op  Operation
 	uri string
 	alg signer.Algorithm
+	// authorities, if any, bind the key to policy authorities (uri
+	// gains them; see underAuthorities).
+	authorities Authorities
 	// resumeOnly forbids creating a key: only one an earlier run of op
 	// created (or was creating) may be used. errNothingToResume otherwise.
 	resumeOnly bool
@@ -71,6 +74,9 @@ var errNothingToResume = errors.New("no key of an earlier run to resume")
 // run may have created a key elsewhere. resumed says what an earlier run
 // had done.
 func (c *Ceremony) createKey(ctx context.Context, st *state, req keyRequest) (s signer.Signer, resumed []string, err error) {
+	if req.uri, err = c.underAuthorities(ctx, st, req.uri, req.authorities); err != nil {
+		return nil, nil, err
+	}
 	s, err = c.Keys.Open(ctx, req.uri)
 	switch {
 	case err == nil:

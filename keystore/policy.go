@@ -34,6 +34,9 @@ type ApproveOptions struct {
 	Out Target
 	// Force allows replacing Out.
 	Force bool
+	// Epoch is the revocation epoch to approve at, for a revocable key
+	// (Binding.Revocable): its counter's current value. 0 for other keys.
+	Epoch uint64
 }
 
 // Approve signs an approval of a PCR state with the policy authority and
@@ -45,36 +48,46 @@ func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) 
 	if err := c.check(); err != nil {
 		return nil, err
 	}
-	auth, err := c.Keys.Open(ctx, o.AuthorityURI)
+	p, err := c.planApproval(ctx, o)
 	if err != nil {
-		return nil, fmt.Errorf("policy approve: open the policy authority: %w%s", err, AuthorityHint(err))
+		return nil, fmt.Errorf("policy approve: %w", err)
+	}
+	res, err := c.record(receipts, p)
+	if err != nil {
+		return nil, fmt.Errorf("policy approve: %w", err)
+	}
+	return res, nil
+}
+
+// planApproval signs the approval o asks for with the policy authority
+// and plans its file and receipt.
+func (c *Ceremony) planApproval(ctx context.Context, o ApproveOptions) (*plan, error) {
+	auth, err := c.Keys.Open(signer.WithKeyRole(ctx, signer.RoleAuthority), o.AuthorityURI)
+	if err != nil {
+		return nil, fmt.Errorf("open the policy authority: %w%s", err, AuthorityHint(err))
 	}
 	defer closeKey(auth, &err)
 	approvedBy := o.ApprovedBy
 	if approvedBy == "" {
 		approvedBy = auth.Describe().Fingerprint
 	}
-	a, err := tpmpolicy.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpmpolicy.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
+	a, err := tpmpolicy.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpmpolicy.ApprovalMeta{Epoch: o.Epoch, ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
 	if err != nil {
-		return nil, fmt.Errorf("policy approve: %w", err)
+		return nil, err
 	}
 	data, err := tpmpolicy.MarshalApprovals(a)
 	if err != nil {
 		return nil, err
 	}
-	out := Placed{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}
-	details := approvalDetails(a, o.Source)
-	details["binding"] = o.Binding.String()
 	r := newReceipt(opPolicyApprove, auth.Describe())
-	r.Details = details
-	res, err := c.record(receipts, &plan{receipt: r, outputs: []Placed{out}})
-	if err != nil {
-		return nil, fmt.Errorf("policy approve: %w", err)
+	r.Details = approvalDetails(a, o.Source)
+	r.Details["binding"] = o.Binding.String()
+	if a.Epoch != 0 {
+		r.Details["epoch"] = strconv.FormatUint(a.Epoch, 10)
 	}
-	res.Notes = []string{
+	return &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}}, notes: []string{
 		"approval of sha256:" + pcrString(a.PCRs) + " (PolicyPCR digest " + a.Pol + ", policyRef " + strconv.Quote(a.Ref) + ") by authority " + a.PKFP + "; copy it into the approvals directory of every node in this PCR state (a ConfigMap is fine: it is not secret)",
-	}
-	return res, nil
+	}}, nil
 }
 
 // AuthorityHint is what to add to an error opening a policy authority

@@ -25,6 +25,9 @@ type RotateOptions struct {
 	Algorithm signer.Algorithm
 	// Validity of the new CA; zero means pki.DefaultCAValidity.
 	Validity time.Duration
+	// Authorities, if any, create the new TPM key under policy
+	// authorities.
+	Authorities Authorities
 }
 
 // Rotate starts a CA rotation in the ceremony directory d: it creates a
@@ -110,7 +113,7 @@ func (c *Ceremony) rotateNew(ctx context.Context, st *state, o RotateOptions, cu
 // rotateKey creates or resumes the new key. With os-ca.next.crt present
 // only that rotation's key may continue it.
 func (c *Ceremony) rotateKey(ctx context.Context, st *state, o RotateOptions, cur *x509.Certificate) (signer.Signer, []string, error) {
-	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opRotateKey, uri: o.NewSignerURI, alg: o.Algorithm, resumeOnly: st.next != nil})
+	key, resumed, err := c.createKey(ctx, st, keyRequest{op: opRotateKey, uri: o.NewSignerURI, alg: o.Algorithm, resumeOnly: st.next != nil, authorities: o.Authorities})
 	inProgress := func() error {
 		return fmt.Errorf("a rotation to CA %s is already in progress (%s) with another key; re-run with its --new-signer, or finish it with `rotate --finish` first", pki.CertFingerprint(st.next), st.dir.Path(certdir.FileNextCACert))
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -42,6 +43,9 @@ type state struct {
 	intents map[Operation]*intent
 	// cleaned says which stale temporary files were removed.
 	cleaned []string
+	// earlier is what the operation committed before its own files (an
+	// approval for the key it creates), for its Outcome.
+	earlier Outcome
 }
 
 // readState reads the ceremony directory d.
@@ -141,6 +145,17 @@ func (st *state) receipt(op Operation, keyFP, certFP string) *Receipt {
 		}
 	}
 	return nil
+}
+
+// recorded reports whether a receipt of operation op lists the file at
+// path (an absolute path, as receipts list them).
+func (st *state) recorded(op Operation, path string) bool {
+	for _, r := range st.receipts {
+		if r.Operation == op && slices.Contains(r.Files, path) {
+			return true
+		}
+	}
+	return false
 }
 
 // matches reports whether the directory already holds exactly files

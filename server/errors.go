@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -60,6 +61,8 @@ func classify(err error) class {
 		satErr    *saturatedError
 		signerErr *signError
 		sizeErr   *oversizeError
+		lintErr   *lintError
+		logErr    *logError
 	)
 	if c, ok := classifyAuthz(err); ok {
 		return c
@@ -71,6 +74,8 @@ func classify(err error) class {
 		return class{codes.Unauthenticated, "missing or invalid token", "denied_auth"}
 	case errors.As(err, &reqErr):
 		return class{codes.InvalidArgument, reqErr.msg, "denied_bad_csr"}
+	case errors.As(err, &lintErr):
+		return class{codes.PermissionDenied, "the certificate this request asks for fails the pre-issuance lint(s) " + strings.Join(lintErr.err.Names(), ",") + "; the CA did not sign it: ask the cluster operator to check the request's names and addresses against the CA's name constraints", "denied_lint"}
 	case errors.As(err, &polErr):
 		return class{codes.PermissionDenied, polErr.msg, "denied_policy"}
 	case errors.As(err, &sizeErr):
@@ -83,6 +88,8 @@ func classify(err error) class {
 		return class{codes.DeadlineExceeded, "deadline exceeded", "error"}
 	case errors.Is(err, context.Canceled):
 		return class{codes.Canceled, "request canceled", "error"}
+	case errors.As(err, &logErr):
+		return class{codes.Unavailable, "the issuance log cannot record certificates, so none is issued; retry later", "log_error"}
 	case errors.As(err, &signerErr):
 		return class{codes.Unavailable, "certificate signing is temporarily unavailable; retry later", "signer_error"}
 	default:

@@ -35,6 +35,7 @@ type Metrics struct {
 	frontDoorChanges *prometheus.CounterVec
 	backend          string
 	gate             *gateMetrics
+	lint             *lintMetrics
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -45,7 +46,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 			Name: "trustd_certificates_issued_total", Help: "Worker serving certificates issued.",
 		}),
 		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "trustd_requests_denied_total", Help: "Certificate requests refused, by reason (auth, policy, bad_csr, oversized, rate_limit, saturated, signer, other).",
+			Name: "trustd_requests_denied_total", Help: "Certificate requests refused, by reason (auth, policy, bad_csr, oversized, rate_limit, saturated, signer, other, lint, log).",
 		}, []string{"reason"}),
 		signerLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "trustd_signer_duration_seconds",
@@ -85,7 +86,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 	m.signerInfo.WithLabelValues(backend, ext).Set(1)
 	// Every label value an alert rule uses exists from the start at 0,
 	// so that increase() sees the first event.
-	initLabels(m.denied, "auth", "policy", "bad_csr", "oversized", "rate_limit", "saturated", "signer", "other")
+	initLabels(m.denied, "auth", "policy", "bad_csr", "oversized", "rate_limit", "saturated", "signer", "other", "lint", "log")
 	initLabels(m.denied, "authorizer", "authorizer_unavailable")
 	for _, what := range []string{"credentials", "serving", reloadTrust, reloadToken} {
 		initLabels(m.reloads.MustCurryWith(prometheus.Labels{"what": what}), "ok", "error")
@@ -99,6 +100,7 @@ func NewMetrics(reg prometheus.Registerer, backend string, extractable bool) *Me
 		m.streamsReset, m.tokenUsed, m.connsLimit, m.connsAbandoned,
 		m.acceptErrors, m.tokenBadRequests, m.frontDoorState, m.frontDoorChanges)
 	m.gate = newGateMetrics(reg)
+	m.lint = newLintMetrics(reg)
 	return m
 }
 
@@ -193,6 +195,10 @@ func (m *Metrics) observeOutcome(o string) {
 		m.denied.WithLabelValues("signer").Inc()
 	case "authorizer_unavailable":
 		m.denied.WithLabelValues("authorizer_unavailable").Inc()
+	case "denied_lint":
+		m.denied.WithLabelValues("lint").Inc()
+	case "log_error":
+		m.denied.WithLabelValues("log").Inc()
 	default:
 		m.denied.WithLabelValues(otherDenial(o)).Inc()
 	}

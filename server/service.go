@@ -50,6 +50,9 @@ type Config struct {
 	Metrics *Metrics
 	// Readiness, if set, learns the outcome of every signature.
 	Readiness *Readiness
+	// IssueLog, if set, records every decision; an issued certificate
+	// is sent only once it holds it.
+	IssueLog IssueLog
 	// Authorizer, if set, decides per machine after the static policy.
 	Authorizer *Authorizer
 }
@@ -70,6 +73,8 @@ type Service struct {
 
 	signerState signerState
 	limiter     *limiter
+	lintWarned  lintWarned
+	issueLog    IssueLog
 	metrics     *Metrics
 	readiness   *Readiness
 	authorizer  *Authorizer
@@ -95,6 +100,7 @@ func New(cfg Config) (*Service, error) {
 
 		metrics:    cfg.Metrics,
 		readiness:  cfg.Readiness,
+		issueLog:   cfg.IssueLog,
 		authorizer: cfg.Authorizer,
 	}
 	if s.log == nil {
@@ -142,6 +148,7 @@ func (s *Service) Certificate(ctx context.Context, req *securityapi.CertificateR
 	resp, err := s.certificate(ctx, creds, req, peerAddr, &rec)
 	rec.duration = s.now().Sub(start)
 	s.writeAudit(ctx, rec, err)
+	s.logDenied(ctx, rec, err)
 	s.metrics.observeOutcome(outcome(err))
 	return resp, toStatus(err)
 }
@@ -159,6 +166,9 @@ func (s *Service) issue(ctx context.Context, r *Request, creds *Credentials) (*p
 	defer s.metrics.inflight(-1)
 	t0 := s.now()
 	cert, err := Issue(r, creds.Issuer(), s.signer, creds.validity(s.limits.Validity, t0), t0, s.rand)
+	if lerr := s.observeLint(cert, err); lerr != nil {
+		return nil, lerr
+	}
 	s.metrics.observeLate(ctx, err)
 	s.metrics.observeSign(s.now().Sub(t0), signer.ErrorKind(err))
 	s.signerState.observe(err)
@@ -197,6 +207,9 @@ func (s *Service) certificate(ctx context.Context, creds *Credentials, req *secu
 	}
 	rec.serial = cert.SerialNumber.Text(16)
 	rec.notAfter = cert.NotAfter
+	if err := s.logIssued(ctx, r, cert, rec); err != nil {
+		return nil, err
+	}
 	return &securityapi.CertificateResponse{
 		Ca:  creds.bundle,
 		Crt: creds.withChain(cert.Raw),

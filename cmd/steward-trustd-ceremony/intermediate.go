@@ -59,7 +59,7 @@ func intermediateRequestCmd(env *environment, stdout, stderr io.Writer) *cobra.C
 				dir = o.Out.Dir.Path("")
 			}
 			// A node key may live under PCR-policy authorities too (issue 12).
-			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, k.authorities, dir); err != nil {
+			if o.Authorities, err = env.authorities(stderr, o.SignerURI, k.authorities); err != nil {
 				return err
 			}
 			err = env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {

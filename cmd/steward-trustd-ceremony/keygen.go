@@ -23,6 +23,7 @@ type keyFlags struct {
 	pcrs        []int
 	authorities []string
 	systemd     bool
+	revocable   revocableFlags
 }
 
 func (k *keyFlags) register(cmd *cobra.Command, algUsage, pcrsUsage string) {
@@ -30,6 +31,7 @@ func (k *keyFlags) register(cmd *cobra.Command, algUsage, pcrsUsage string) {
 	cli.PCRsVar(cmd.Flags(), &k.pcrs, "pcrs", pcrsUsage)
 	cli.ListVar(cmd.Flags(), &k.authorities, "policy-authority", nil, policyAuthorityUsage)
 	cmd.Flags().BoolVar(&k.systemd, "systemd-compatible", false, systemdCompatibleUsage)
+	k.revocable.register(cmd)
 }
 
 // key parses --algorithm and binds uri to --pcrs (tpm: only).
@@ -42,8 +44,11 @@ func (k *keyFlags) key(uri string) (string, signer.Algorithm, error) {
 		return "", "", err
 	}
 	if k.systemd {
-		uri, err = withSystemd(uri, k.authorities)
+		if uri, err = withSystemd(uri, k.authorities); err != nil {
+			return "", "", err
+		}
 	}
+	uri, err = k.revocable.apply(uri, k.authorities, k.systemd)
 	return uri, alg, err
 }
 
@@ -62,7 +67,7 @@ func initCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if o.SignerURI, o.Algorithm, err = k.key(o.SignerURI); err != nil {
 				return err
 			}
-			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, k.authorities, out); err != nil {
+			if o.Authorities, err = env.authorities(stderr, o.SignerURI, k.authorities); err != nil {
 				return err
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
@@ -176,7 +181,7 @@ func importCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if o.Source, err = src.source(); err != nil {
 				return err
 			}
-			if o.SignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.SignerURI, authorities, out); err != nil {
+			if o.Authorities, err = env.authorities(stderr, o.SignerURI, authorities); err != nil {
 				return err
 			}
 			err = env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
@@ -233,11 +238,11 @@ chain as the daemon will and makes it issuer.crt; then restart the daemon on the
 			if o.NewSignerURI, o.Algorithm, err = k.key(o.NewSignerURI); err != nil {
 				return err
 			}
-			if o.NewSignerURI, err = env.underAuthorities(cmd.Context(), stdout, stderr, o.NewSignerURI, k.authorities, out); err != nil {
+			if o.Authorities, err = env.authorities(stderr, o.NewSignerURI, k.authorities); err != nil {
 				return err
 			}
 			if intermediate {
-				return rotateIntermediate(cmd, env, stdout, stderr, d, keystore.IntermediateRequestOptions{SignerURI: o.NewSignerURI, Algorithm: o.Algorithm, Name: name})
+				return rotateIntermediate(cmd, env, stdout, stderr, d, keystore.IntermediateRequestOptions{SignerURI: o.NewSignerURI, Algorithm: o.Algorithm, Name: name, Authorities: o.Authorities})
 			}
 			return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 				return cer.Rotate(cmd.Context(), d, o)

@@ -74,6 +74,7 @@ Exit codes: 0 success, 1 the operation failed, 2 usage error.`,
 		verifyAttestationCmd(env, stdout, stderr),
 		policyCmd(env, stdout, stderr),
 		doctorCmd(stdout),
+		logCmd(env, stdout, stderr),
 	)
 	// Messages about a key (a file key's warning) name its role.
 	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) {

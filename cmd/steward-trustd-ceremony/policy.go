@@ -64,68 +64,23 @@ func (e *environment) tpmBackend(stderr io.Writer) *tpm.Backend {
 	return &tpm.Backend{Dial: dial, Logger: e.warnings.logger(stderr)}
 }
 
-// underAuthorities prepares the creation of a key under the policy
-// authorities auths: it approves the TPM's current PCR values with the
-// first authority (before the key exists, so that the ceremony can sign
-// with it at once) and returns uri with the authorities' public keys.
-// A re-run finds its approval in place and does not sign a second one.
-func (e *environment) underAuthorities(ctx context.Context, stdout, stderr io.Writer, uri string, auths []string, receiptsDir string) (string, error) {
+// authorities checks --policy-authority against the key URI and returns
+// keystore's request for it: keystore approves the TPM's current PCR
+// values with the first authority and creates the key under them, under
+// the ceremony directory's lock, resuming an interrupted run.
+func (e *environment) authorities(stderr io.Writer, uri string, auths []string) (keystore.Authorities, error) {
 	if len(auths) == 0 {
-		return uri, nil
+		return keystore.Authorities{}, nil
 	}
 	if !tpm.IsKeyURI(uri) {
-		return "", cli.Usagef("--policy-authority applies to tpm: keys only")
+		return keystore.Authorities{}, cli.Usagef("--policy-authority applies to tpm: keys only")
 	}
 	if u, err := tpm.ParseURI(uri); err != nil {
-		return "", cli.Usage(err)
+		return keystore.Authorities{}, cli.Usage(err)
 	} else if u.Approvals == "" {
-		return "", cli.Usagef("--policy-authority: the key URI must name its approvals directory (add ;approvals=/dir)")
+		return keystore.Authorities{}, cli.Usagef("--policy-authority: the key URI must name its approvals directory (add ;approvals=/dir)")
 	}
-	pubs, err := e.authorityKeys(ctx, stderr, auths)
-	if err != nil {
-		return "", err
-	}
-	out, err := tpm.WithAuthorities(uri, pubs)
-	if err != nil {
-		return "", cli.Usage(err)
-	}
-	u, err := tpm.ParseURI(out)
-	if err != nil {
-		return "", cli.Usage(err)
-	}
-	binding, err := tpm.CreationBinding(out)
-	if err != nil {
-		return "", cli.Usage(err)
-	}
-	fmt.Fprintf(stdout, "key policy: %s\n", binding)
-	pcrs, vals, err := e.tpmBackend(stderr).ReadPCRValues(ctx, out)
-	if err != nil {
-		return "", err
-	}
-	pol, err := tpmpolicy.PCRPolicyDigest(pcrs, vals)
-	if err != nil {
-		return "", err
-	}
-	name := "initial-" + hex.EncodeToString(pol)[:16] + ".json"
-	if _, err := os.Stat(filepath.Join(u.Approvals, name)); err == nil {
-		fmt.Fprintf(stdout, "resumed: approval %s of the current PCR values exists\n", filepath.Join(u.Approvals, name))
-		return out, nil
-	}
-	d, err := mkdir(u.Approvals)
-	if err != nil {
-		return "", err
-	}
-	receipts, err := mkdir(receiptsDir)
-	if err != nil {
-		return "", err
-	}
-	err = e.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
-		return cer.Approve(ctx, receipts, keystore.ApproveOptions{
-			AuthorityURI: auths[0], Binding: binding, PCRs: pcrs, Values: vals, Source: "tpm",
-			Note: "PCR values when the key was created", Out: keystore.Target{Dir: d, Name: name},
-		})
-	})
-	return out, err
+	return keystore.Authorities{URIs: auths, PCRs: e.tpmBackend(stderr)}, nil
 }
 
 // authorityKeys opens each authority key URI for its public key.
@@ -155,7 +110,7 @@ func policyCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	}
 	authority := &cobra.Command{Use: "authority", Short: "The policy authority's key: create one"}
 	authority.AddCommand(authorityCreateCmd(env, stdout, stderr))
-	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr), authority)
+	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr), revokeCmd(env, stdout, stderr), authority)
 	return c
 }
 
@@ -246,6 +201,7 @@ type approveFlags struct {
 	note, approvedBy, out, approvals, dir        string
 	pcrs                                         []string
 	force                                        bool
+	epoch                                        uint64
 }
 
 func approveCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -288,6 +244,7 @@ expires: retire it by removing the file from every node.`,
 	fs.StringVar(&f.approvals, "approvals", "", "approvals directory to write into (default: the approvals= of --signer)")
 	fs.StringVar(&f.dir, "dir", "", "directory for the receipt (default: the directory of the approval file)")
 	fs.BoolVar(&f.force, "force", false, "replace an existing approval file")
+	fs.Uint64Var(&f.epoch, "epoch", 0, "revocable keys: the revocation epoch to approve at (the counter's current value; default with --signer: read from its TPM)")
 	return c
 }
 
@@ -313,6 +270,10 @@ func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr
 	if want := binding.PCRs(); want != nil && !slices.Equal(pcrs, want) {
 		return fmt.Errorf("the state to approve selects sha256 PCRs %s, but the key accepts only %s (fixed at creation, bound in its policy); nothing was approved: approve the key's own PCRs", pcrList(pcrs), pcrList(want))
 	}
+	epoch, err := f.approveEpoch(ctx, env, stderr, binding)
+	if err != nil {
+		return err
+	}
 	target, err := f.target(env.clock(), pcrs, vals)
 	if err != nil {
 		return err
@@ -324,7 +285,7 @@ func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr
 	return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 		return cer.Approve(ctx, receipts, keystore.ApproveOptions{
 			AuthorityURI: f.authority, Binding: binding, PCRs: pcrs, Values: vals, Source: source,
-			ApprovedBy: f.approvedBy, Note: f.note, Out: target, Force: f.force,
+			ApprovedBy: f.approvedBy, Note: f.note, Out: target, Force: f.force, Epoch: epoch,
 		})
 	})
 }
@@ -636,6 +597,7 @@ func printSignedPolicy(w io.Writer, r *tpm.PolicyReport) {
 	}
 	slices.Sort(pcrs)
 	fmt.Fprintf(w, "PCR state:    %s (PolicyPCR digest %s)\n", strings.Join(pcrs, " "), r.PolicyPCRDigest)
+	printRevocation(w, r.Revocation)
 	if r.Matching != "" {
 		fmt.Fprintf(w, "approved by:  %s\n", r.Matching)
 	} else {

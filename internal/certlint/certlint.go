@@ -121,21 +121,22 @@ func Check(der []byte, kind Kind, issuer *x509.Certificate) (Result, error) {
 
 // addZlint sorts zlint's results into r, in lint-name order.
 func addZlint(r *Result, reg lint.Registry, rs *zlint.ResultSet) {
-	ks := make([]string, 0, len(rs.Results))
-	for k := range rs.Results {
-		ks = append(ks, k)
+	var failed []string
+	for name, res := range rs.Results {
+		if res.Status >= lint.Notice {
+			failed = append(failed, name)
+		}
 	}
-	slices.Sort(ks)
-	for _, name := range ks {
+	slices.Sort(failed)
+	for _, name := range failed {
 		res := rs.Results[name]
 		f := Finding{Lint: name, Details: res.Details}
 		if l := reg.ByName(name); f.Details == "" && l != nil {
 			f.Details = l.Description
 		}
-		switch res.Status {
-		case lint.Error, lint.Fatal:
+		if res.Status >= lint.Error {
 			r.Errors = append(r.Errors, f)
-		case lint.Warn, lint.Notice:
+		} else {
 			r.Warnings = append(r.Warnings, f)
 		}
 	}

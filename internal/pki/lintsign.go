@@ -8,6 +8,7 @@ import (
 	"encoding/asn1"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/steward-trustd/steward-trustd/internal/certlint"
 )
@@ -111,30 +112,58 @@ func tbsHash(alg x509.SignatureAlgorithm) (crypto.Hash, error) {
 	return 0, fmt.Errorf("sign certificate: unsupported signature algorithm %s", alg)
 }
 
-// certificateASN1 is RFC 5280 §4.1's Certificate, the TBS and algorithm
-// kept as raw bytes so that they are copied, never re-encoded.
-type certificateASN1 struct {
-	TBS       asn1.RawValue
-	Algorithm asn1.RawValue
-	Signature asn1.BitString
-}
-
-// assemble puts the CA key's signature on the linted TBS and checks,
-// after encoding, that the certificate's TBS is byte for byte the linted
-// one.
+// assemble puts the CA key's signature on the linted TBS, as RFC 5280
+// §4.1's Certificate: SEQUENCE { tbsCertificate, signatureAlgorithm,
+// signatureValue BIT STRING }. The TBS and algorithm are copied from the
+// linted certificate, never re-encoded; afterwards the certificate's TBS
+// is checked to be byte for byte the linted one.
 func assemble(linted *x509.Certificate, sig []byte) ([]byte, error) {
-	var c certificateASN1
-	if _, err := asn1.Unmarshal(linted.Raw, &c); err != nil {
+	var outer asn1.RawValue
+	if _, err := asn1.Unmarshal(linted.Raw, &outer); err != nil {
 		return nil, fmt.Errorf("split linted certificate: %w", err)
 	}
-	c.Signature = asn1.BitString{Bytes: sig, BitLength: 8 * len(sig)}
-	der, err := asn1.Marshal(c)
-	if err != nil {
-		return nil, fmt.Errorf("encode certificate: %w", err)
+	var tbs, alg asn1.RawValue
+	rest, err := asn1.Unmarshal(outer.Bytes, &tbs)
+	if err == nil {
+		_, err = asn1.Unmarshal(rest, &alg)
 	}
-	var out certificateASN1
-	if rest, err := asn1.Unmarshal(der, &out); err != nil || len(rest) > 0 || !bytes.Equal(out.TBS.FullBytes, linted.RawTBSCertificate) {
+	if err != nil {
+		return nil, fmt.Errorf("split linted certificate: %w", err)
+	}
+	bitString := derTLV(0x03, append([]byte{0}, sig...)) // no unused bits
+	body := slices.Concat(tbs.FullBytes, alg.FullBytes, bitString)
+	der := derTLV(0x30, body)
+	if !bytes.Equal(tbsOf(der), linted.RawTBSCertificate) {
 		return nil, ErrLintTBSMismatch
 	}
 	return der, nil
+}
+
+// tbsOf is the TBS of a DER certificate, nil if it does not parse.
+func tbsOf(der []byte) []byte {
+	var outer, tbs asn1.RawValue
+	if rest, err := asn1.Unmarshal(der, &outer); err != nil || len(rest) > 0 {
+		return nil
+	}
+	if _, err := asn1.Unmarshal(outer.Bytes, &tbs); err != nil {
+		return nil
+	}
+	return tbs.FullBytes
+}
+
+// derTLV encodes one DER element with a definite length (X.690 §8.1.3).
+func derTLV(tag byte, content []byte) []byte {
+	n := len(content)
+	var length []byte
+	switch {
+	case n < 0x80:
+		length = []byte{byte(n)}
+	case n < 0x100:
+		length = []byte{0x81, byte(n)}
+	case n < 0x10000:
+		length = []byte{0x82, byte(n >> 8), byte(n)}
+	default:
+		length = []byte{0x83, byte(n >> 16), byte(n >> 8), byte(n)}
+	}
+	return slices.Concat([]byte{tag}, length, content)
 }

@@ -2,6 +2,7 @@ package tpm
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -133,6 +134,7 @@ func (s *Signer) runAuthorized(t transport.TPM, sess tpm2.TPMHandle) error {
 // selection; PolicyRestart between them.
 func (s *Signer) selectApproval(t transport.TPM, sess tpm2.TPMHandle, approvals []tpmpolicy.CheckedApproval) (*tpmpolicy.CheckedApproval, error) {
 	var tried [][]int
+	var dead *tpmpolicy.CheckedApproval
 	for i := range approvals {
 		sel := approvals[i].PCRs
 		if slices.ContainsFunc(tried, func(x []int) bool { return slices.Equal(x, sel) }) {
@@ -143,16 +145,40 @@ func (s *Signer) selectApproval(t transport.TPM, sess tpm2.TPMHandle, approvals 
 		if err != nil {
 			return nil, err
 		}
-		for j := i; j < len(approvals); j++ {
-			if slices.Equal(approvals[j].PCRs, sel) && bytes.Equal(approvals[j].Pol, digest) {
-				return &approvals[j], nil
-			}
+		a, revoked, err := s.matchInSession(t, sess, approvals[i:], sel, digest)
+		if a != nil || err != nil {
+			return a, err
 		}
+		dead = cmp.Or(dead, revoked)
 		if err := policyRestart(t, sess); err != nil {
 			return nil, err
 		}
 	}
+	if dead != nil {
+		return nil, s.revokedErr(t, dead)
+	}
 	return nil, s.noApprovalErr(t, len(approvals))
+}
+
+// matchInSession returns the first of approvals over selection sel whose
+// PolicyPCR digest is digest (the session's) and, for a revocable key,
+// whose epoch the TPM accepts (PolicyNV run in sess); revoked is the
+// first whose epoch it refused.
+func (s *Signer) matchInSession(t transport.TPM, sess tpm2.TPMHandle, approvals []tpmpolicy.CheckedApproval, sel []int, digest []byte) (a, revoked *tpmpolicy.CheckedApproval, err error) {
+	for j := range approvals {
+		if !slices.Equal(approvals[j].PCRs, sel) || !bytes.Equal(approvals[j].PCRPol, digest) {
+			continue
+		}
+		err := s.policyEpoch(t, sess, &approvals[j])
+		switch {
+		case err == nil:
+			return &approvals[j], nil, nil
+		case !errors.Is(err, errRevoked):
+			return nil, nil, err
+		}
+		revoked = cmp.Or(revoked, &approvals[j])
+	}
+	return nil, revoked, nil
 }
 
 // policyPCRDigest runs PolicyPCR(sel) with no expected digest (the TPM
@@ -175,6 +201,11 @@ func (s *Signer) authorizeWith(t transport.TPM, sess tpm2.TPMHandle, a *tpmpolic
 	if pcr {
 		if _, err := (tpm2.PolicyPCR{PolicySession: sess, Pcrs: tpmpolicy.PCRSelection(a.PCRs)}).Execute(t); err != nil {
 			return fmt.Errorf("TPM2_PolicyPCR: %w", err)
+		}
+		if err := s.policyEpoch(t, sess, a); errors.Is(err, errRevoked) {
+			return errNoMatch
+		} else if err != nil {
+			return err
 		}
 	}
 	ticket, err := s.ticket(t, a)
@@ -320,6 +351,9 @@ type PolicyReport struct {
 	// when none does (MatchError then says why).
 	Matching   string `json:"matching,omitempty"`
 	MatchError string `json:"matchError,omitempty"`
+	// Revocation is set for a revocable key: its counter and which
+	// approvals it still accepts.
+	Revocation *RevocationReport `json:"revocation,omitempty"`
 }
 
 // AuthorityReport names one policy authority: its TPM name, our
@@ -343,7 +377,7 @@ func (s *Signer) PolicyReport(ctx context.Context) (*PolicyReport, error) {
 	for _, a := range s.km.authorities {
 		r.Authorities = append(r.Authorities, AuthorityReport{Name: hex.EncodeToString(a.TPMName().Buffer), Fingerprint: a.Fingerprint(), SystemdFingerprint: a.SystemdFingerprint()})
 	}
-	err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	err := s.do(ctx, false, func(t transport.TPM, _ laneState) error {
 		vals, err := ReadPCRs(t, s.km.pcrs)
 		if err != nil {
 			return err
@@ -353,7 +387,11 @@ func (s *Signer) PolicyReport(ctx context.Context) (*PolicyReport, error) {
 			return err
 		}
 		r.PCRValues, r.PolicyPCRDigest = tpmpolicy.HexValues(s.km.pcrs, vals), hex.EncodeToString(pol)
-		r.Approvals = len(s.approvals(true))
+		approvals := s.approvals(true)
+		r.Approvals = len(approvals)
+		if err := s.revocationReport(t, r, approvals); err != nil {
+			return err
+		}
 		return s.matchReport(t, r)
 	})
 	return r, err

@@ -18,9 +18,12 @@ import (
 // KeyHandle exposes the loaded key's handle and name to the external tests
 // (which cannot be in package tpm: they import tpmsim, which imports tpm).
 func KeyHandle(s *Signer) (tpm2.TPMHandle, tpm2.TPM2BName) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.key, s.name
+	var key tpm2.TPMHandle
+	_ = s.do(context.Background(), false, func(_ transport.TPM, at laneState) error {
+		key = at.key
+		return nil
+	})
+	return key, s.name
 }
 
 // uncheck decodes an approval without any software check.
@@ -37,7 +40,7 @@ func uncheck(a *tpmpolicy.Approval) (*tpmpolicy.CheckedApproval, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tpmpolicy.CheckedApproval{File: "unchecked.json", PCRs: a.PCRs, Pol: pol, Ref: a.Ref, Sig: *sig}, nil
+	return &tpmpolicy.CheckedApproval{File: "unchecked.json", PCRs: a.PCRs, Pol: pol, Ref: a.Ref, Sig: *sig, Epoch: a.Epoch}, nil
 }
 
 // TPMVerifyApproval has the TPM verify approval a's signature as the
@@ -49,7 +52,7 @@ func TPMVerifyApproval(s *Signer, a *tpmpolicy.Approval) error {
 	if err != nil {
 		return err
 	}
-	return s.do(context.Background(), false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	return s.do(context.Background(), false, func(t transport.TPM, _ laneState) error {
 		_, err := s.ticket(t, c)
 		return err
 	})
@@ -61,11 +64,19 @@ func TPMVerifyApproval(s *Signer, a *tpmpolicy.Approval) error {
 // software check skipped: what root on the node could make the TPM do. It
 // shows what the TPM itself accepts.
 func TPMSignWithApproval(s *Signer, a *tpmpolicy.Approval, digest []byte) error {
+	return TPMSignWithEpochClaim(s, a, a.Epoch, false, digest)
+}
+
+// TPMSignWithEpochClaim is TPMSignWithApproval for a revocable key where
+// root on the node lies about the approval's epoch (PolicyNV with epoch
+// instead of the signed one) or skips PolicyNV altogether (skipNV).
+func TPMSignWithEpochClaim(s *Signer, a *tpmpolicy.Approval, epoch uint64, skipNV bool, digest []byte) error {
 	c, err := uncheck(a)
 	if err != nil {
 		return err
 	}
-	return s.do(context.Background(), false, func(t transport.TPM, key tpm2.TPMHandle) error {
+	c.Epoch = epoch
+	return s.do(context.Background(), false, func(t transport.TPM, at laneState) error {
 		sess, closeSess, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
 		if err != nil {
 			return err
@@ -74,11 +85,16 @@ func TPMSignWithApproval(s *Signer, a *tpmpolicy.Approval, digest []byte) error 
 		if _, err := policyPCRDigest(t, sess.Handle(), c.PCRs); err != nil {
 			return err
 		}
+		if !skipNV {
+			if err := s.policyEpoch(t, sess.Handle(), c); err != nil {
+				return err
+			}
+		}
 		if err := s.authorizeWith(t, sess.Handle(), c, false); err != nil {
 			return err
 		}
 		_, err = tpm2.Sign{
-			KeyHandle:  tpm2.AuthHandle{Handle: key, Name: s.name, Auth: sess},
+			KeyHandle:  tpm2.AuthHandle{Handle: at.key, Name: s.name, Auth: sess},
 			Digest:     tpm2.TPM2BDigest{Buffer: digest},
 			InScheme:   tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgECDSA, Details: tpm2.NewTPMUSigScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSchemeHash{HashAlg: tpm2.TPMAlgSHA256})},
 			Validation: tpm2.TPMTTKHashCheck{Tag: tpm2.TPMSTHashCheck, Hierarchy: tpm2.TPMRHNull},
@@ -118,7 +134,7 @@ func UncheckedApproval(authority crypto.Signer, ref string, pcrs []int, values [
 // own connection (a swtpm serves one connection at a time).
 func ExtendPCR(s *Signer, idx int, data []byte) error {
 	sum := sha256.Sum256(data)
-	return s.do(context.Background(), false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	return s.do(context.Background(), false, func(t transport.TPM, _ laneState) error {
 		_, err := tpm2.PCRExtend{
 			PCRHandle: tpm2.AuthHandle{Handle: tpm2.TPMHandle(idx), Auth: tpm2.PasswordAuth(nil)},
 			Digests:   tpm2.TPMLDigestValues{Digests: []tpm2.TPMTHA{{HashAlg: tpm2.TPMAlgSHA256, Digest: sum[:]}}},

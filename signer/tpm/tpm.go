@@ -304,7 +304,7 @@ func checkURIBinding(u KeyURI, b tpmpolicy.Binding) error {
 		return fmt.Errorf("tpm: key blob %s binds sha256 PCRs %s in its policy (%s) but the URI says pcrs=%s: %w",
 			u.Path, tpmpolicy.PCRList(b.PCRs()), b, tpmpolicy.PCRList(u.PCRs), signer.ErrInvalidURI)
 	}
-	return nil
+	return checkURIRevocation(u, b)
 }
 
 // curveFor maps an algorithm to a TPM curve, refusing what a TPM cannot hold.
@@ -395,6 +395,9 @@ func prepareKey(t transport.TPM, u KeyURI, curve tpm2.TPMECCCurve) (pcrDigest, p
 		// Signed policies: nothing depends on the PCRs' values now; the
 		// selection is bound in the policyRef.
 		if policy, _, err = tpmpolicy.AuthorizedPolicy(u.Authorities, u.binding().Ref()); err != nil {
+			return nil, nil, nil, err
+		}
+		if err := ensureCounter(t, u.binding()); err != nil {
 			return nil, nil, nil, err
 		}
 		parent, err = createSRK(t)

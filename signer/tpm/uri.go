@@ -84,7 +84,7 @@ func (d Device) singleClient() bool {
 	case DeviceTCP, DeviceUnix:
 		return true
 	case DeviceChar:
-		return !strings.HasPrefix(filepath.Base(d.Addr), "tpmrm")
+		return !isResourceManager(d.Addr)
 	}
 	return false
 }
@@ -115,6 +115,16 @@ type KeyURI struct {
 	// that systemd-measure's approvals satisfy it. For Open of a blob the
 	// blob says; a given systemd=true must agree.
 	Systemd bool
+	// Revocation (revocation=0x01xxxxxx) makes a new key under policy
+	// authorities revocable: its approvals carry an epoch checked by the
+	// TPM against the NV counter at this index (tpmpolicy.RevocableBinding;
+	// the ceremony's --revocable). For Open of a blob the blob says; a
+	// given revocation= must agree.
+	Revocation tpm2.TPMHandle
+	// Connections is how many connections to the TPM the signer keeps
+	// (connections=, 1 or 2; defaultConnections if not named), each with
+	// the key loaded and a policy session of its own.
+	Connections int
 	// legacy makes a new key under policy authorities a v1 key (tpmpolicy.PolicyRef,
 	// selection not bound). Only the tests of v1 compatibility set it:
 	// no URI can.
@@ -129,6 +139,8 @@ func (u KeyURI) binding() tpmpolicy.Binding {
 		return tpmpolicy.SystemdBinding()
 	case u.legacy:
 		return tpmpolicy.LegacyBinding()
+	case u.Revocation != 0:
+		return revocableBinding(u)
 	}
 	b, err := tpmpolicy.BindingForPCRs(u.PCRs)
 	if err != nil {
@@ -159,6 +171,12 @@ func (u KeyURI) String() string {
 	}
 	if u.Systemd {
 		parts = append(parts, "systemd=true")
+	}
+	if u.Revocation != 0 {
+		parts = append(parts, fmt.Sprintf("revocation=0x%08x", uint32(u.Revocation)))
+	}
+	if u.Connections != defaultConnections(u.Device) {
+		parts = append(parts, "connections="+strconv.Itoa(u.Connections))
 	}
 	return Scheme + ":" + strings.Join(parts, ";")
 }
@@ -194,6 +212,12 @@ func ParseURI(uri string) (KeyURI, error) {
 	if err := p.systemd(); err != nil {
 		return KeyURI{}, err
 	}
+	if err := p.revocation(); err != nil {
+		return KeyURI{}, err
+	}
+	if err := p.connections(); err != nil {
+		return KeyURI{}, err
+	}
 	return p.u, nil
 }
 
@@ -202,6 +226,20 @@ type uriParser struct {
 	u          KeyURI
 	seen       map[string]bool
 	deviceAttr string // the attribute that named the TPM, if any
+	conns      string // connections=, checked against the device at the end
+}
+
+// connections sets the connection count: connections= if given (checked
+// against the device, whichever attribute came first), else the device's
+// default.
+func (p *uriParser) connections() error {
+	if p.conns == "" {
+		p.u.Connections = defaultConnections(p.u.Device)
+		return nil
+	}
+	n, err := parseConnections(p.conns, p.u.Device)
+	p.u.Connections = n
+	return err
 }
 
 // systemd checks systemd=true: the key is under a policy authority
@@ -264,8 +302,12 @@ func (p *uriParser) apply(k, v string) error {
 			return uriErr("systemd=%q: the only value is true", v)
 		}
 		p.u.Systemd = true
+	case "revocation":
+		p.u.Revocation, err = parseRevocationIndex(v)
+	case "connections":
+		p.conns = v
 	default:
-		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority, systemd)", k)
+		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority, systemd, revocation, connections)", k)
 	}
 	return err
 }

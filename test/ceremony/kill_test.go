@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,8 +31,18 @@ type killScenario struct {
 	// keys is how many key files root/keys holds afterwards.
 	keys int
 	// op is the receipt of the operation, keyOp the receipt of the key it
-	// creates (if any), cert the file whose certificate op records.
+	// creates (if any), cert the file whose certificate op records (none
+	// for a certificate request).
 	op, keyOp, cert string
+	// approvals is how many approvals root/approvals holds afterwards,
+	// each with one policy.approve receipt.
+	approvals int
+	// remakes means a completed operation is made again by a re-run (a
+	// certificate request), instead of being reported complete.
+	remakes bool
+	// strayTemp is the prefix of a temporary file a kill may leave in the
+	// key's directory, which nothing removes (see its scenario).
+	strayTemp string
 }
 
 func fileKey(root, name string) string { return "file:" + filepath.Join(root, "keys", name+".key") }
@@ -99,20 +110,38 @@ var killScenarios = []killScenario{
 // binary built with the steward_crashpoints tag (internal/crashpoint).
 func TestKilledAtEveryStep(t *testing.T) {
 	for _, sc := range killScenarios {
-		t.Run(sc.name, func(t *testing.T) {
-			tmpl := t.TempDir()
-			if err := os.Mkdir(filepath.Join(tmpl, "keys"), 0o700); err != nil {
-				t.Fatal(err)
-			}
-			args := sc.prepare(t, tmpl)
-			steps := killAtEveryStep(t, tmpl, args, 5, func(root string, a []string, step string) {
-				checkAfterKill(t, root, sc, step)
-				if r := ceremony(t, nil, a...); r.code != 0 || !strings.Contains(r.stdout, "already completed") {
-					t.Errorf("killed at step %s: a third run did not find the operation complete: %s", step, r)
-				}
-			})
-			t.Logf("%s: killed at each of %d steps, every re-run completed", sc.name, len(steps))
-		})
+		t.Run(sc.name, func(t *testing.T) { runKillScenario(t, sc) })
+	}
+}
+
+// runKillScenario prepares sc and kills its operation at every step,
+// checking each re-run and a third run.
+func runKillScenario(t *testing.T, sc killScenario) {
+	t.Helper()
+	tmpl := t.TempDir()
+	if err := os.Mkdir(filepath.Join(tmpl, "keys"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	args := sc.prepare(t, tmpl)
+	steps := killAtEveryStep(t, tmpl, args, 5, func(root string, a []string, step string) {
+		checkAfterKill(t, root, sc, step)
+		checkThirdRun(t, root, sc, step, a)
+	})
+	t.Logf("%s: killed at each of %d steps, every re-run completed", sc.name, len(steps))
+}
+
+// checkThirdRun runs the completed operation once more: it is reported
+// complete, or (remakes) made again from the same key and approval.
+func checkThirdRun(t *testing.T, root string, sc killScenario, step string, args []string) {
+	t.Helper()
+	r := ceremony(t, nil, args...)
+	switch {
+	case r.code != 0:
+		t.Errorf("killed at step %s: a third run failed: %s", step, r)
+	case sc.remakes:
+		checkAfterKill(t, root, sc, step+" (third run)")
+	case !strings.Contains(r.stdout, "already completed"):
+		t.Errorf("killed at step %s: a third run did not find the operation complete: %s", step, r)
 	}
 }
 
@@ -213,16 +242,7 @@ func killAfter(t *testing.T, args []string, d time.Duration) {
 // checkAfterKill checks root after a killed run and its completed re-run.
 func checkAfterKill(t *testing.T, root string, sc killScenario, step string) {
 	t.Helper()
-	keys, err := os.ReadDir(filepath.Join(root, "keys"))
-	if err != nil || len(keys) != sc.keys {
-		t.Errorf("killed at %s: keys %v (%v), want %d key files", step, names(keys), err, sc.keys)
-	}
-	_ = filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
-		if err == nil && (strings.Contains(e.Name(), ".tmp-") || strings.HasSuffix(e.Name(), ".intent")) {
-			t.Errorf("killed at %s: left %s", step, p)
-		}
-		return nil
-	})
+	checkLeftovers(t, root, sc, step)
 	d := keystore.OSDir{Root: filepath.Join(root, "out")}
 	rs, err := keystore.ReadReceipts(d)
 	if err != nil {
@@ -242,13 +262,38 @@ func checkAfterKill(t *testing.T, root string, sc killScenario, step string) {
 	if count[sc.op] < 1 {
 		t.Fatalf("killed at %s: no %q receipt", step, sc.op)
 	}
-	ca, err := pki.ParseCertificate(readFile(t, d.Path(sc.cert)))
-	if err != nil {
-		t.Fatalf("killed at %s: %v", step, err)
+	checkApprovals(t, root, sc, step, count["policy.approve"])
+	if sc.cert != "" {
+		checkRecordedCert(t, d, sc, step, last)
 	}
-	if fp := pki.CertFingerprint(ca); last.CertificateFingerprint != fp {
-		t.Errorf("killed at %s: the %s receipt records certificate %s, %s is %s", step, sc.op, last.CertificateFingerprint, sc.cert, fp)
+	checkReceiptFiles(t, d, step, last)
+}
+
+// checkLeftovers checks that root/keys holds sc.keys files and that no
+// temporary file or intent record is left anywhere.
+func checkLeftovers(t *testing.T, root string, sc killScenario, step string) {
+	t.Helper()
+	keyDir := filepath.Join(root, "keys")
+	stray := func(dir, name string) bool {
+		return sc.strayTemp != "" && dir == keyDir && strings.HasPrefix(name, sc.strayTemp)
 	}
+	keys, err := os.ReadDir(keyDir)
+	keys = slices.DeleteFunc(keys, func(e fs.DirEntry) bool { return stray(keyDir, e.Name()) })
+	if err != nil || len(keys) != sc.keys {
+		t.Errorf("killed at %s: keys %v (%v), want %d key files", step, names(keys), err, sc.keys)
+	}
+	_ = filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+		if err == nil && !stray(filepath.Dir(p), e.Name()) && (strings.Contains(e.Name(), ".tmp-") || strings.HasSuffix(e.Name(), ".intent")) {
+			t.Errorf("killed at %s: left %s", step, p)
+		}
+		return nil
+	})
+}
+
+// checkReceiptFiles checks that every file the receipt last lists is in
+// d and present, or absent if listed as removed.
+func checkReceiptFiles(t *testing.T, d keystore.OSDir, step string, last keystore.Receipt) {
+	t.Helper()
 	for _, f := range last.Files {
 		removed := strings.HasPrefix(f, "-")
 		p := strings.TrimPrefix(f, "-")
@@ -260,6 +305,32 @@ func checkAfterKill(t *testing.T, root string, sc killScenario, step string) {
 		if ok == removed {
 			t.Errorf("killed at %s: the receipt lists %s, but present = %v", step, f, ok)
 		}
+	}
+}
+
+// checkApprovals checks that root/approvals holds sc.approvals approvals,
+// each recorded once.
+func checkApprovals(t *testing.T, root string, sc killScenario, step string, receipts int) {
+	t.Helper()
+	files, err := os.ReadDir(filepath.Join(root, "approvals"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if len(files) != sc.approvals || receipts != sc.approvals {
+		t.Errorf("killed at %s: approvals %v with %d policy.approve receipts, want %d of each", step, names(files), receipts, sc.approvals)
+	}
+}
+
+// checkRecordedCert checks that the receipt last records the certificate
+// in sc.cert.
+func checkRecordedCert(t *testing.T, d keystore.OSDir, sc killScenario, step string, last keystore.Receipt) {
+	t.Helper()
+	ca, err := pki.ParseCertificate(readFile(t, d.Path(sc.cert)))
+	if err != nil {
+		t.Fatalf("killed at %s: %v", step, err)
+	}
+	if fp := pki.CertFingerprint(ca); last.CertificateFingerprint != fp {
+		t.Errorf("killed at %s: the %s receipt records certificate %s, %s is %s", step, sc.op, last.CertificateFingerprint, sc.cert, fp)
 	}
 }
 

@@ -36,8 +36,16 @@ type Approval struct {
 	// (ours) or of its PKCS#1 RSAPublicKey (systemd-measure's); both are
 	// accepted.
 	PKFP string `json:"pkfp"`
-	// Pol is the hex PolicyPCR digest (SHA-256 session) of the state.
+	// Pol is the hex PolicyPCR digest (SHA-256 session) of the state; for
+	// a revocable key, that digest extended with PolicyNV(counter <=
+	// Epoch) (EpochPolicyDigest).
 	Pol string `json:"pol"`
+	// Epoch (revocable keys only) is the revocation epoch the approval
+	// was written at: it satisfies the key while the key's NV counter is
+	// at most Epoch. PCRPol is then the PolicyPCR digest alone, which
+	// the signer compares with the session's.
+	Epoch  uint64 `json:"epoch,omitempty"`
+	PCRPol string `json:"pcrPol,omitempty"`
 	// Sig is the base64 marshalled TPMT_SIGNATURE of the authority over
 	// SHA-256(pol || ref); the raw RSASSA-PKCS1-v1_5 signature bytes
 	// (systemd-measure's form) are accepted too.
@@ -60,6 +68,10 @@ const MaxApprovalFileSize = 64 << 10
 
 // ApprovalMeta is the informational part of a new approval.
 type ApprovalMeta struct {
+	// Epoch is the revocation epoch of an approval of a revocable key:
+	// the counter's current value (what policy revoke left it at). It
+	// must be given (counters start at 1) for such a key, and 0 for others.
+	Epoch      uint64
 	ApprovedBy string
 	Note       string
 	CreatedAt  time.Time
@@ -77,7 +89,11 @@ func SignApproval(authority crypto.Signer, b Binding, pcrs []int, values [][]byt
 	if err := b.check(pcrs); err != nil {
 		return nil, fmt.Errorf("approval: %w", err)
 	}
-	pol, err := PCRPolicyDigest(pcrs, values) // checks the selection as checkApproval does
+	pcrPol, err := PCRPolicyDigest(pcrs, values) // checks the selection as checkApproval does
+	if err != nil {
+		return nil, fmt.Errorf("approval: %w", err)
+	}
+	pol, err := approvedPolicy(b, pcrPol, meta.Epoch)
 	if err != nil {
 		return nil, fmt.Errorf("approval: %w", err)
 	}
@@ -85,12 +101,30 @@ func SignApproval(authority crypto.Signer, b Binding, pcrs []int, values [][]byt
 	if err != nil {
 		return nil, fmt.Errorf("approval: the authority's signature: %w", err)
 	}
-	vals := HexValues(pcrs, values)
-	return &Approval{
+	out := &Approval{
 		PCRs: pcrs, PKFP: a.Fingerprint(), Pol: hex.EncodeToString(pol),
 		Sig: base64.StdEncoding.EncodeToString(tpm2.Marshal(sig)), Ref: b.ref,
-		PCRValues: vals, ApprovedBy: meta.ApprovedBy, Note: meta.Note, CreatedAt: meta.CreatedAt.UTC(),
-	}, nil
+		PCRValues: HexValues(pcrs, values), ApprovedBy: meta.ApprovedBy, Note: meta.Note, CreatedAt: meta.CreatedAt.UTC(),
+	}
+	if b.Revocable() {
+		out.Epoch, out.PCRPol = meta.Epoch, hex.EncodeToString(pcrPol)
+	}
+	return out, nil
+}
+
+// approvedPolicy is the policy an approval of binding b signs for the
+// PolicyPCR digest pcrPol: pcrPol itself, or for a revocable key pcrPol
+// extended with PolicyNV(counter <= epoch).
+func approvedPolicy(b Binding, pcrPol []byte, epoch uint64) ([]byte, error) {
+	switch {
+	case b.Revocable() && epoch == 0:
+		return nil, fmt.Errorf("the key's approvals are revocable (%s): give the revocation epoch to approve at (its counter's current value: steward-trustd-ceremony status, or the last policy revoke receipt)", b)
+	case b.Revocable():
+		return EpochPolicyDigest(pcrPol, b, epoch)
+	case epoch != 0:
+		return nil, fmt.Errorf("an epoch applies to a revocable key only; this key's policy is %s", b)
+	}
+	return pcrPol, nil
 }
 
 // SignTPMT signs digest with k and wraps the signature as the TPM wants
@@ -170,6 +204,10 @@ type CheckedApproval struct {
 	Sig       tpm2.TPMTSignature
 	Auth      int // index into the key's authorities
 	CreatedAt time.Time
+	// PCRPol is the PolicyPCR digest the session must reach: Pol, or for
+	// a revocable key the digest before PolicyNV(counter <= Epoch).
+	PCRPol []byte
+	Epoch  uint64
 }
 
 // ParseApprovals decodes an approval file and checks each entry against
@@ -231,10 +269,38 @@ func checkApproval(a Approval, auths []*Authority, b Binding) (CheckedApproval, 
 	if err := verifyTPMT(auths[idx], ApprovalDigest(pol, a.Ref), sig); err != nil {
 		return CheckedApproval{}, err
 	}
-	if err := checkPCRValues(a, pol); err != nil {
+	pcrPol, err := checkEpoch(a, b, pol)
+	if err != nil {
 		return CheckedApproval{}, err
 	}
-	return CheckedApproval{PCRs: a.PCRs, Pol: pol, Ref: b.ref, Sig: sig, Auth: idx, CreatedAt: a.CreatedAt}, nil
+	if err := checkPCRValues(a, pcrPol); err != nil {
+		return CheckedApproval{}, err
+	}
+	return CheckedApproval{PCRs: a.PCRs, Pol: pol, Ref: b.ref, Sig: sig, Auth: idx, CreatedAt: a.CreatedAt, PCRPol: pcrPol, Epoch: a.Epoch}, nil
+}
+
+// checkEpoch checks an approval's epoch fields against the key's binding
+// and returns its PolicyPCR digest: pol itself, or for a revocable key
+// pcrPol, checked to give pol with PolicyNV(counter <= epoch).
+func checkEpoch(a Approval, b Binding, pol []byte) ([]byte, error) {
+	if !b.Revocable() {
+		if a.Epoch != 0 || a.PCRPol != "" {
+			return nil, fmt.Errorf("epoch and pcrPol apply to a revocable key; this key's policy is %s", b)
+		}
+		return pol, nil
+	}
+	pcrPol, err := hex.DecodeString(a.PCRPol)
+	if err != nil || len(pcrPol) != 32 || a.Epoch == 0 {
+		return nil, errors.New("an approval of a revocable key needs epoch (> 0) and pcrPol (hex PolicyPCR digest)")
+	}
+	want, err := approvedPolicy(b, pcrPol, a.Epoch)
+	if err != nil {
+		return nil, err
+	}
+	if !bytes.Equal(want, pol) {
+		return nil, fmt.Errorf("pcrPol with PolicyNV(counter 0x%08x <= epoch %d) does not give pol", uint32(b.nv), a.Epoch)
+	}
+	return pcrPol, nil
 }
 
 // decodeSignature decodes an approval's sig: a marshalled TPMT_SIGNATURE

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/google/go-tpm/tpm2"
 )
 
 // A key under policy authorities names a policyRef in each
@@ -41,6 +43,7 @@ const (
 	modeV1
 	modeV2
 	modeSystemd
+	modeRevocable
 )
 
 // Binding is what an approval of a key under policy authorities must
@@ -52,6 +55,7 @@ type Binding struct {
 	mode bindingMode
 	ref  string
 	pcrs []int
+	nv   tpm2.TPMHandle // the revocation counter's NV index (revocable keys)
 }
 
 // BindingForPCRs is the v2 binding of a new key to the PCR selection pcrs
@@ -92,6 +96,9 @@ func bindingOfRef(ref string) (Binding, error) {
 	case "":
 		return SystemdBinding(), nil
 	}
+	if strings.HasPrefix(ref, policyRefRevocablePrefix) {
+		return revocableBindingOfRef(ref)
+	}
 	mask, ok := strings.CutPrefix(ref, policyRefV2Prefix)
 	raw, err := hex.DecodeString(mask)
 	if !ok || err != nil || len(raw) != 3 || hex.EncodeToString(raw) != mask {
@@ -127,6 +134,8 @@ func (b Binding) Mode() string {
 		return "v2"
 	case modeSystemd:
 		return "systemd"
+	case modeRevocable:
+		return "r1"
 	}
 	return "invalid"
 }
@@ -165,6 +174,9 @@ func (b Binding) check(pcrs []int) error {
 func (b Binding) String() string {
 	if b.pcrs == nil {
 		return fmt.Sprintf("%s (policyRef %q, selection not bound)", b.Mode(), b.ref)
+	}
+	if b.Revocable() {
+		return fmt.Sprintf("%s (policyRef %q, PCR selection sha256:%s, revocation counter NV 0x%08x)", b.Mode(), b.ref, PCRList(b.pcrs), uint32(b.nv))
 	}
 	return fmt.Sprintf("%s (policyRef %q, PCR selection sha256:%s)", b.Mode(), b.ref, PCRList(b.pcrs))
 }
