@@ -112,6 +112,20 @@ func tempPattern(path string) string {
 // and returns their paths. Call it only while no other process writes
 // into dir: the ceremony holds its directory lock.
 func RemoveStaleTemps(dir string) ([]string, error) {
+	return removeTemps(dir, "")
+}
+
+// RemoveStaleTempsOf removes the temporary files killed Writes of path
+// left beside it (".<base of path>.tmp-<suffix>") and returns their
+// paths: for a file written in a directory that no lock's cleanup
+// covers. Call it only while no other process writes path.
+func RemoveStaleTempsOf(path string) ([]string, error) {
+	return removeTemps(filepath.Dir(path), "."+filepath.Base(path)+tempInfix)
+}
+
+// removeTemps removes this package's temporary files in dir whose names
+// start with prefix.
+func removeTemps(dir, prefix string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -121,7 +135,7 @@ func RemoveStaleTemps(dir string) ([]string, error) {
 	}
 	var removed []string
 	for _, e := range entries {
-		if !e.Type().IsRegular() || !isTempName(e.Name()) {
+		if !e.Type().IsRegular() || !isTempName(e.Name()) || !strings.HasPrefix(e.Name(), prefix) {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())

@@ -66,6 +66,12 @@ func (b *Backend) persistWithEvidence(t transport.TPM, u KeyURI, parent *srk, bl
 	if err != nil {
 		return err
 	}
+	// A run killed while replacing the record left its temporary link
+	// here, in a key directory no ceremony lock cleans: this run, which
+	// holds the key's name (checkFree), removes it.
+	if _, err := atomicfile.RemoveStaleTempsOf(CreationPath(u.Path)); err != nil {
+		return fmt.Errorf("write creation evidence: %w", err)
+	}
 	if err := atomicfile.Write(CreationPath(u.Path), append(data, '\n'), 0o644, true); err != nil {
 		return fmt.Errorf("write creation evidence: %w", err)
 	}
