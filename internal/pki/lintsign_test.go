@@ -66,6 +66,7 @@ func (f lintFixture) good(kind certlint.Kind, now time.Time) issuance {
 // profile and checks that the lint names it and that the CA key was never
 // asked; the unchanged profile signs exactly once.
 func TestLintRefusesBeforeTheDevice(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := newLintFixture(t, now)
 	tests := []struct {
@@ -89,6 +90,7 @@ func TestLintRefusesBeforeTheDevice(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(string(tt.kind)+"/"+tt.fault, func(t *testing.T) {
+			t.Parallel()
 			is := f.good(tt.kind, now)
 			tt.inject(is.tmpl)
 			counting := signertest.NewCounting(is.key)
@@ -114,6 +116,7 @@ func addClientAuth(c *x509.Certificate) {
 // RFC 5280 §4.2.1.2 that Talos's profile leaves out), signs once, and that the signed certificate carries
 // exactly the linted to-be-signed bytes and verifies under its issuer.
 func TestLintedProfilesSign(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := newLintFixture(t, now)
 	for _, kind := range []certlint.Kind{certlint.Root, certlint.Intermediate, certlint.Serving, certlint.Worker, certlint.Client} {
@@ -146,6 +149,7 @@ func TestLintedProfilesSign(t *testing.T) {
 // signers hold: the throwaway key must give the same signature algorithm,
 // hence a TBS the CA key's signature verifies over.
 func TestLintThenSignEveryKeyType(t *testing.T) {
+	t.Parallel()
 	p384, _ := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
 	_, ed, _ := ed25519.GenerateKey(rand.Reader)
 	rsaKey, _ := rsa.GenerateKey(rand.Reader, 2048)
@@ -170,6 +174,7 @@ func TestLintThenSignEveryKeyType(t *testing.T) {
 // TestAssembleRefusesAnotherTBS is Boulder's check: a certificate whose
 // TBS is not the linted one never leaves.
 func TestAssembleRefusesAnotherTBS(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := newLintFixture(t, now)
 	is := f.good(certlint.Client, now)
