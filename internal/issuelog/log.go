@@ -39,6 +39,7 @@ const (
 	FileEntries     = "entries.log"
 	FileCheckpoint  = "checkpoint"
 	DirCheckpoints  = "checkpoints"
+	FileVerifier    = "log.pub" // the verifier key, written by steward-trustd-ceremony log init
 	defaultInterval = time.Second
 	defaultBatch    = 1024
 	maxGroup        = 512 // entries per fsync
