@@ -1,6 +1,6 @@
 package keystore
 
-// Attested enrolment of a node's intermediate (issue 13): the node's
+// Attested enrolment of a node's intermediate: the node's
 // request carries TPM evidence that its key lives in that TPM; the root
 // verifies it before signing and seals the certificate to the node's EK
 // and AK; the node installs it with TPM2_ActivateCredential.

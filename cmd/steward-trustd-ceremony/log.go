@@ -46,7 +46,7 @@ func logInitCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "init --signer LOG_KEY_URI --log DIR",
 		Short: "Create the log key on its device and write the log's verifier key (DIR/log.pub)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if err := cli.Required(map[string]string{"signer": f.signer, "log": f.dir}); err != nil {
 				return err
 			}
@@ -58,7 +58,7 @@ func logInitCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			defer s.Close()
+			defer func() { err = errors.Join(err, s.Close()) }()
 			if err := notTheCA(s, f.ca); err != nil {
 				return err
 			}

@@ -69,6 +69,7 @@ func (f lintFixture) good(kind certlint.Kind, now time.Time) issuance {
 // profile and checks that the lint names it and that the CA key was never
 // asked; the unchanged profile signs exactly once.
 func TestLintRefusesBeforeTheDevice(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := newLintFixture(t, now)
 	tests := []struct {
@@ -92,6 +93,7 @@ func TestLintRefusesBeforeTheDevice(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(string(tt.kind)+"/"+tt.fault, func(t *testing.T) {
+			t.Parallel()
 			is := f.good(tt.kind, now)
 			tt.inject(is.tmpl)
 			counting := signertest.NewCounting(is.key)
@@ -117,6 +119,7 @@ func addClientAuth(c *x509.Certificate) {
 // RFC 5280 §4.2.1.2 that Talos's profile leaves out), signs once, and that the signed certificate carries
 // exactly the linted to-be-signed bytes and verifies under its issuer.
 func TestLintedProfilesSign(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := newLintFixture(t, now)
 	for _, kind := range []certlint.Kind{certlint.Root, certlint.Intermediate, certlint.Serving, certlint.Worker, certlint.Client} {
@@ -149,6 +152,7 @@ func TestLintedProfilesSign(t *testing.T) {
 // signers hold: the digest x509 picks for the CA key's algorithm must be
 // the one the CA key's signature verifies over.
 func TestLintThenSignEveryKeyType(t *testing.T) {
+	t.Parallel()
 	p384, _ := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
 	_, ed, _ := ed25519.GenerateKey(rand.Reader)
 	rsaKey, _ := rsa.GenerateKey(rand.Reader, 2048)
@@ -174,6 +178,7 @@ func TestLintThenSignEveryKeyType(t *testing.T) {
 // made of exactly the TBS the CA key signs, under the algorithm the TBS
 // names, for every CA key algorithm.
 func TestLintedCopyIsTheTBS(t *testing.T) {
+	t.Parallel()
 	p256, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	_, ed, _ := ed25519.GenerateKey(rand.Reader)
 	rsaKey, _ := rsa.GenerateKey(rand.Reader, 2048)
@@ -214,6 +219,7 @@ func (f flippingSigner) Sign(r io.Reader, digest []byte, opts crypto.SignerOpts)
 // TestFaultyDeviceSignatureRefused checks that a signature that does not
 // verify under the CA key never becomes a certificate, and says so.
 func TestFaultyDeviceSignatureRefused(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := newLintFixture(t, now)
 	is := f.good(certlint.Worker, now)
