@@ -36,6 +36,7 @@ type config struct {
 	reloadInterval time.Duration
 	readyWindow    time.Duration
 	tokenForce     bool
+	authz          authorizerConfig
 }
 
 // setting is one row of the configuration table: a flag, its environment
@@ -59,7 +60,7 @@ type setting struct {
 // between several settings goes into checkConfig. Then regenerate README's
 // table: STEWARD_UPDATE_README=1 go test ./cmd/steward-trustd -run TestREADMEConfigTable
 func (c *config) settings() []setting {
-	return append(append(c.listenSettings(), c.credentialSettings()...), append(c.limitSettings(), c.frontDoorSettings()...)...)
+	return append(append(append(c.listenSettings(), c.credentialSettings()...), append(c.limitSettings(), c.frontDoorSettings()...)...), c.authorizerSettings()...)
 }
 
 func (c *config) listenSettings() []setting {
