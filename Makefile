@@ -13,6 +13,7 @@ PORT      ?= 50001
 export STEWARD_REQUIRE_DEVICES = 1
 
 .PHONY: test-k8s test-image e2e vulncheck
+.PHONY: test-authorizer build-authorizer
 .PHONY: all deps build build-all build-gencreds build-ceremony run-local run-local-notice clean-local test-alerts test test-unit test-talos test-attack bench-attack test-deploy test-coverage lint fuzz bench fleet-boot image image-smoke docker-build docker-buildx clean
 
 all: build-all
@@ -40,6 +41,14 @@ build-ceremony:
 build-all:
 	$(GO) build $(BUILDFLAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
+# steward-trustd-authorizer is its own module (client-go stays out of the
+# daemon's graph).
+build-authorizer:
+	cd cmd/steward-trustd-authorizer && $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(abspath $(BIN))/ .
+
+test-authorizer:
+	cd cmd/steward-trustd-authorizer && $(GO) test -race -count=1 ./...
+
 # A real trustd on 127.0.0.1:$(PORT) with credentials made on first run;
 # swtpm sits behind steward-tpm-relay so the ceremony can run alongside.
 # The build lists each package it compiles (-v): the first one fetches
@@ -51,7 +60,7 @@ run-local: deps run-local-notice build-all
 run-local-notice:
 	@echo "building $(BIN)/steward-trustd, the ceremony and steward-tpm-relay (the first build takes a few minutes; packages are listed as they compile)" >&2
 
-test: deps lint test-unit test-talos test-attack test-deploy test-k8s test-image e2e
+test: deps lint test-unit test-authorizer test-talos test-attack test-deploy test-k8s test-image e2e
 
 test-unit:
 	$(GO) test -race -count=1 ./...
@@ -149,11 +158,13 @@ lint: $(GOLANGCI_LINT) vulncheck
 	cd test/deploy && $(GO) vet ./...
 	cd hack/image && $(GO) vet ./...
 	cd test/k8s && $(GO) vet ./...
+	cd cmd/steward-trustd-authorizer && $(GO) vet ./...
 	$(GOLANGCI_RUN) ./...
 	cd test/talos && $(GOLANGCI_RUN) --config ../../.golangci.yml ./...
 	cd test/deploy && $(GOLANGCI_RUN) --config ../../.golangci.yml ./...
 	cd hack/image && $(GOLANGCI_RUN) --config ../../.golangci.yml ./...
 	cd test/k8s && $(GOLANGCI_RUN) --config ../../.golangci.yml ./...
+	cd cmd/steward-trustd-authorizer && $(GOLANGCI_RUN) --config ../../.golangci.yml ./...
 
 # Every fuzz target of every module (test/talos, tpmsim, … included), 60 s each.
 FUZZTIME ?= 60s

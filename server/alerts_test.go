@@ -58,6 +58,7 @@ func startMetrics(t *testing.T) map[string]bool {
 		m.setConnLimits(ConnLimits{MaxConnections: 256, MaxUnauthenticated: 128, MaxPerAddress: 64})
 		m.SetTokens(nil, []string{"9f86d081884c7d65"}) // as New does for the token file
 		registerIssuerExpiry(t, reg)
+		NewAuthorizerMetrics(reg) // as the daemon does when TRUSTD_AUTHORIZER is set
 		families, err := reg.Gather()
 		if err != nil {
 			t.Fatal(err)

@@ -72,8 +72,10 @@ type Authorizer struct {
 	slots chan struct{}
 	cache allowCache
 
-	mu      sync.Mutex
-	failing string // "" while the last decision worked
+	mu        sync.Mutex
+	failing   string // "" while the last decision worked
+	probing   bool
+	lastProbe time.Time
 }
 
 // NewAuthorizer checks cfg and fills in defaults.
@@ -118,13 +120,31 @@ func (a *Authorizer) Mode() AuthorizerMode { return a.cfg.Mode }
 
 // Ready is a readiness check: in enforce mode, an authorizer whose last
 // decision failed makes the daemon not ready (it could issue nothing).
+// A not-ready daemon gets no requests that would show the authorizer is
+// back, so while failing it probes (at most once a second, in the
+// background) with a request no inventory holds: any valid answer means
+// reachable.
 func (a *Authorizer) Ready() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.failing != "" && a.cfg.Mode == AuthorizerEnforce {
-		return fmt.Errorf("authorizer %s unreachable: %s", a.cfg.Decider.Describe(), a.failing)
+	if a.failing == "" || a.cfg.Mode != AuthorizerEnforce {
+		return nil
 	}
-	return nil
+	if now := a.cfg.Now(); !a.probing && now.Sub(a.lastProbe) >= time.Second {
+		a.probing, a.lastProbe = true, now
+		go a.probe()
+	}
+	return fmt.Errorf("authorizer %s unreachable: %s", a.cfg.Decider.Describe(), a.failing)
+}
+
+// ProbePeer is the peer of readiness probes: TEST-NET-1 (RFC 5737), an
+// address no machine owns.
+const ProbePeer = "192.0.2.0"
+
+func (a *Authorizer) probe() {
+	defer func() { a.mu.Lock(); a.probing = false; a.mu.Unlock() }()
+	req := &authz.Request{APIVersion: authz.APIVersion, Peer: ProbePeer, Subject: "readiness probe", DNSNames: []string{}, IPAddresses: []string{}, TokenIndex: -1}
+	_, _ = a.decide(context.Background(), req)
 }
 
 // authzRecord is what the audit line says about the decision.

@@ -151,12 +151,19 @@ func TestAuthorizerUnavailableAndReadiness(t *testing.T) {
 	if a.Ready() == nil {
 		t.Fatal("ready while the authorizer fails in enforce mode")
 	}
+	// Back: the readiness probe finds out without any worker's request
+	// (a not-ready daemon gets none).
 	d.err.Store(nil)
+	d.resp.Store(&authz.Response{APIVersion: authz.APIVersion, Outcome: authz.OutcomeUnknownMachine})
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Ready() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the probe did not find the authorizer back")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	d.resp.Store(&authz.Response{APIVersion: authz.APIVersion, Allow: true, Outcome: authz.OutcomeAllowed})
 	if _, err := svc.Certificate(ctxFrom("10.0.0.1"), req); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Ready(); err != nil {
 		t.Fatal(err)
 	}
 	if n := strings.Count(logBuf.String(), "\n"); n != 2 {

@@ -36,6 +36,7 @@ type config struct {
 	reloadInterval time.Duration
 	readyWindow    time.Duration
 	tokenForce     bool
+	authz          authorizerConfig
 
 	logMode     string // TRUSTD_LOG: required or off
 	logDir      string
@@ -64,7 +65,7 @@ type setting struct {
 // between several settings goes into checkConfig. Then regenerate README's
 // table: STEWARD_UPDATE_README=1 go test ./cmd/steward-trustd -run TestREADMEConfigTable
 func (c *config) settings() []setting {
-	return append(append(append(c.listenSettings(), c.credentialSettings()...), append(c.limitSettings(), c.frontDoorSettings()...)...), c.logSettings()...)
+	return append(append(append(c.listenSettings(), c.credentialSettings()...), append(c.limitSettings(), c.frontDoorSettings()...)...), append(c.logSettings(), c.authorizerSettings()...)...)
 }
 
 func (c *config) listenSettings() []setting {

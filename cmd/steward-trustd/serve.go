@@ -74,6 +74,7 @@ type daemon struct {
 	front      *server.FrontDoor
 	reloader   *server.Reloader
 	selfIssuer *server.SelfIssuer
+	authzFile  *server.FileDecider
 	health     *http.Server
 	healthLn   net.Listener
 	issueLog   *issueLog
@@ -113,6 +114,14 @@ func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server
 	server.LogIssuer(d.log, creds, time.Now())
 	server.LogTrust(d.log, creds, metrics)
 	server.LogTokenFile(d.log, creds)
+	authorizer, authzFile, err := newAuthorizer(cfg, d.registry, d.log)
+	if err != nil {
+		return nil, nil, err
+	}
+	d.authzFile = authzFile
+	if authorizer != nil {
+		d.readiness.AddCheck(authorizer.Ready)
+	}
 	svc, err := server.New(server.Config{
 		Signer:      sgn,
 		Credentials: creds,
@@ -124,6 +133,7 @@ func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server
 		Metrics:     metrics,
 		Readiness:   d.readiness,
 		IssueLog:    issueLogOf(d.issueLog),
+		Authorizer:  authorizer,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -184,6 +194,9 @@ func (d *daemon) run(ctx context.Context) error {
 	g.Go(func() error { return d.front.Run(gctx) })
 	g.Go(func() error { d.reloader.Run(gctx, d.cfg.reloadInterval); return nil })
 	g.Go(func() error { d.readiness.Run(gctx, d.cfg.readyWindow/3); return nil })
+	if d.authzFile != nil {
+		g.Go(func() error { d.authzFile.Run(gctx); return nil })
+	}
 	if d.selfIssuer != nil {
 		g.Go(func() error { d.selfIssuer.Run(gctx, time.Minute); return nil })
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -125,10 +124,8 @@ func (e *Engine) pinConflict(s *Snapshot, peer netip.Addr, v Verdict, names []st
 // the requested DNS names.
 func foreignNameOwner(s *Snapshot, pinned string, names []string) *Machine {
 	for _, d := range names {
-		for i := range s.machines {
-			if m := &s.machines[i]; m.Name != pinned && ownsName(m, strings.ToLower(strings.TrimSuffix(d, "."))) {
-				return m
-			}
+		if m := s.nameOwner(d, pinned); m != nil {
+			return m
 		}
 	}
 	return nil

@@ -32,12 +32,13 @@ type Snapshot struct {
 	machines []Machine
 	byAddr   map[netip.Addr][]int
 	byName   map[string]int
+	byDNS    map[string][]int // lower-cased name, hostname or certSAN -> machines
 }
 
 // NewSnapshot indexes machines. Names must be unique: the source is
 // wrong otherwise and its update must be refused.
 func NewSnapshot(machines []Machine) (*Snapshot, error) {
-	s := &Snapshot{machines: machines, byAddr: map[netip.Addr][]int{}, byName: map[string]int{}}
+	s := &Snapshot{machines: machines, byAddr: map[netip.Addr][]int{}, byName: map[string]int{}, byDNS: map[string][]int{}}
 	for i, m := range machines {
 		if m.Name == "" {
 			return nil, fmt.Errorf("machine %d has no name", i)
@@ -46,12 +47,35 @@ func NewSnapshot(machines []Machine) (*Snapshot, error) {
 			return nil, fmt.Errorf("machine name %q appears twice", m.Name)
 		}
 		s.byName[m.Name] = i
+		s.indexNames(i, m)
 		for _, a := range m.Addresses {
 			s.byAddr[a.Unmap()] = append(s.byAddr[a.Unmap()], i)
 		}
 	}
 	return s, nil
 }
+
+// indexNames files machine i under each DNS name it owns (once each).
+func (s *Snapshot) indexNames(i int, m Machine) {
+	for _, n := range append(append([]string{m.Name}, m.Hostnames...), m.CertSANs...) {
+		n = normalName(n)
+		if idx := s.byDNS[n]; len(idx) == 0 || idx[len(idx)-1] != i {
+			s.byDNS[n] = append(idx, i)
+		}
+	}
+}
+
+// nameOwner returns a machine other than except that owns name.
+func (s *Snapshot) nameOwner(name, except string) *Machine {
+	for _, i := range s.byDNS[normalName(name)] {
+		if m := &s.machines[i]; m.Name != except {
+			return m
+		}
+	}
+	return nil
+}
+
+func normalName(n string) string { return strings.ToLower(strings.TrimSuffix(n, ".")) }
 
 // Len is the number of machines.
 func (s *Snapshot) Len() int { return len(s.machines) }
@@ -157,14 +181,12 @@ func (r Rules) checkIP(s *Snapshot, m *Machine, ip netip.Addr) string {
 }
 
 func (r Rules) checkName(s *Snapshot, m *Machine, name string) string {
-	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	name = normalName(name)
 	if ownsName(m, name) {
 		return ""
 	}
-	for _, other := range s.machines {
-		if other.Name != m.Name && ownsName(&other, name) {
-			return fmt.Sprintf("DNS SAN %s belongs to machine %s", name, other.Name)
-		}
+	if other := s.nameOwner(name, m.Name); other != nil {
+		return fmt.Sprintf("DNS SAN %s belongs to machine %s", name, other.Name)
 	}
 	for _, p := range r.DNSPatterns {
 		if patternMatches(p, m.Name, name) {
