@@ -58,7 +58,10 @@ func (c *Ceremony) Attest(ctx context.Context, receipts Dir, o AttestOptions) (*
 		return nil, fmt.Errorf("attest: %w", err)
 	}
 	desc := s.Describe()
-	s.Close()
+	// The TPM attests the key in a session of its own: this one is done.
+	if err := s.Close(); err != nil {
+		return nil, fmt.Errorf("attest: close the CA key: %w", err)
+	}
 	ev, err := o.TPM.Attest(ctx, o.SignerURI, attestation.CAQualifyingData(o.CA.Raw, o.Nonce))
 	if err != nil {
 		return nil, fmt.Errorf("attest: %w", err)
@@ -69,7 +72,7 @@ func (c *Ceremony) Attest(ctx context.Context, receipts Dir, o AttestOptions) (*
 	}
 	r := newReceipt(opAttest, desc)
 	certReceipt(&r, o.CA)
-	out, err := c.record(receipts, &plan{receipt: r, outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}}})
+	out, err := c.record(receipts, &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}}})
 	if err != nil {
 		return nil, fmt.Errorf("attest: %w", err)
 	}
@@ -101,7 +104,7 @@ func (c *Ceremony) AttestRespond(ctx context.Context, receipts Dir, o RespondOpt
 		return nil, c.refusal(receipts, opAttestRespond, map[string]string{"akName": fmt.Sprintf("%x", sealed.AKName)}, fmt.Errorf("attest --challenge: %w", err))
 	}
 	r := Receipt{Operation: opAttestRespond, Backend: "tpm", Details: map[string]string{"akName": fmt.Sprintf("%x", sealed.AKName)}}
-	out, err := c.record(receipts, &plan{receipt: r, outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: attestation.EncodeSecret(secret), Mode: 0o600}, Overwrite: o.Force}}})
+	out, err := c.record(receipts, &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: attestation.EncodeSecret(secret), Mode: 0o600}, Overwrite: o.Force}}})
 	if err != nil {
 		return nil, fmt.Errorf("attest --challenge: %w", err)
 	}
@@ -177,7 +180,7 @@ func verifyCAEvidence(o VerifyAttestationOptions) (*attestation.Result, map[stri
 }
 
 // challengeFiles seals a fresh secret to the evidence's EK and AK.
-func (c *Ceremony) challengeFiles(o VerifyAttestationOptions) ([]Placed, error) {
+func (c *Ceremony) challengeFiles(o VerifyAttestationOptions) ([]placement, error) {
 	ce, err := attestation.ParseCAEvidence(o.Evidence)
 	if err != nil {
 		return nil, err
@@ -195,7 +198,7 @@ func (c *Ceremony) challengeFiles(o VerifyAttestationOptions) ([]Placed, error) 
 		return nil, err
 	}
 	d := o.ChallengeOut.Dir
-	return []Placed{
+	return []placement{
 		{Dir: d, File: File{Name: o.ChallengeOut.Name + ".secret", Data: attestation.EncodeSecret(secret), Mode: 0o600}, Overwrite: o.Force},
 		{Dir: d, File: File{Name: o.ChallengeOut.Name, Data: data, Mode: 0o644}, Overwrite: o.Force},
 	}, nil

@@ -24,14 +24,19 @@ type Authorities struct {
 	// approves the PCR values the TPM has when the key is created; two
 	// or more make a break-glass PolicyOR.
 	URIs []string
-	// PCRs reads those values (signer/tpm's Backend).
-	PCRs PCRReader
+	// PCRs reads those values and, for a revocable key, the epoch of its
+	// revocation counter (signer/tpm's Backend).
+	PCRs TPMReader
 }
 
-// PCRReader reads the TPM's current values of the sha256 PCRs a tpm: key
-// URI selects.
-type PCRReader interface {
+// TPMReader reads what the first approval of a key about to be created
+// depends on: the TPM's current values of the sha256 PCRs a tpm: key URI
+// selects, and the revocation counter a revocable one (revocation=) names.
+type TPMReader interface {
 	ReadPCRValues(ctx context.Context, uri string) ([]int, [][]byte, error)
+	// RevocationCounter creates the counter if it is missing and returns
+	// its value: the epoch the initial approval is written at.
+	RevocationCounter(ctx context.Context, uri string) (uint64, error)
 }
 
 // underAuthorities returns uri bound to a's authorities (tpm.WithAuthorities),
@@ -131,8 +136,22 @@ func initialApproval(ctx context.Context, uri string, a Authorities) (ApproveOpt
 	if err != nil {
 		return ApproveOptions{}, err
 	}
+	epoch, err := initialEpoch(ctx, uri, binding, a.PCRs)
+	if err != nil {
+		return ApproveOptions{}, err
+	}
 	return ApproveOptions{
-		Binding: binding, PCRs: pcrs, Values: vals, Source: "tpm", Note: "PCR values when the key was created",
+		Binding: binding, PCRs: pcrs, Values: vals, Source: "tpm", Note: "PCR values when the key was created", Epoch: epoch,
 		Out: Target{Dir: OSDir{Root: u.Approvals}, Name: "initial-" + hex.EncodeToString(pol)[:16] + ".json"},
 	}, nil
+}
+
+// initialEpoch is the epoch the first approval of a key about to be
+// created is written at: the revocation counter's value for a revocable
+// key (made if missing, so that the key adopts it), none otherwise.
+func initialEpoch(ctx context.Context, uri string, b tpmpolicy.Binding, r TPMReader) (uint64, error) {
+	if !b.Revocable() {
+		return 0, nil
+	}
+	return r.RevocationCounter(ctx, uri)
 }

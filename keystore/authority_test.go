@@ -22,6 +22,10 @@ func (f *fixedPCRs) ReadPCRValues(context.Context, string) ([]int, [][]byte, err
 	return []int{7}, [][]byte{make([]byte, 32)}, nil
 }
 
+func (f *fixedPCRs) RevocationCounter(context.Context, string) (uint64, error) {
+	return 0, errors.New("fixedPCRs: no revocation counter (these keys are not revocable)")
+}
+
 // TestUnderAuthorities: the approval of today's PCR values is written
 // once with its receipt; a re-run finds both and signs nothing; an
 // approval without its receipt (a run killed between the two writes) is

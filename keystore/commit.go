@@ -17,7 +17,7 @@ type plan struct {
 	files []File
 	// outputs are written elsewhere (a --out file, another directory),
 	// after files.
-	outputs []Placed
+	outputs []placement
 	// receipt records the operation; it is not written if alreadyDone or
 	// unrecorded.
 	receipt Receipt
@@ -38,7 +38,7 @@ type plan struct {
 // rotation is under way; a key's intent record) goes only after the
 // receipt: wherever a crash stops it, a re-run reads a state it
 // recognises. Within the process, a failed write rolls the earlier ones
-// back (WritePlaced).
+// back (writePlaced).
 func (c *Ceremony) commit(st *state, p *plan) (*Outcome, error) {
 	out := &Outcome{
 		Resumed: concat(st.cleaned, st.earlier.Resumed, p.resumed),
@@ -58,7 +58,7 @@ func (c *Ceremony) commit(st *state, p *plan) (*Outcome, error) {
 		}
 		writes = append(writes, rf)
 	}
-	if err := WritePlaced(writes); err != nil {
+	if err := writePlaced(writes); err != nil {
 		return nil, p.failed(err)
 	}
 	if !p.unrecorded {
@@ -81,13 +81,13 @@ func (c *Ceremony) record(receipts Dir, p *plan) (*Outcome, error) {
 }
 
 // receiptOf completes p's receipt (stampReceipt) and renders it.
-func (c *Ceremony) receiptOf(st *state, p *plan) (Placed, error) {
+func (c *Ceremony) receiptOf(st *state, p *plan) (placement, error) {
 	stampReceipt(p, st.dir, c.now(), c.Version)
 	rf, err := st.receiptFile(p.receipt, c.Rand)
 	if err != nil {
-		return Placed{}, p.failed(err)
+		return placement{}, p.failed(err)
 	}
-	return Placed{Dir: st.dir, File: rf}, nil
+	return placement{Dir: st.dir, File: rf}, nil
 }
 
 // stampReceipt sets what every receipt records the same way: the time
@@ -102,13 +102,13 @@ func stampReceipt(p *plan, d Dir, now time.Time, version string) {
 }
 
 // placed splits p into the writes, in order, and the removals.
-func (p *plan) placed(d Dir) (writes []Placed, removals []File) {
+func (p *plan) placed(d Dir) (writes []placement, removals []File) {
 	for _, f := range p.files {
 		if f.Remove {
 			removals = append(removals, f)
 			continue
 		}
-		writes = append(writes, Placed{Dir: d, File: f, Overwrite: true})
+		writes = append(writes, placement{Dir: d, File: f, Overwrite: true})
 	}
 	return append(writes, p.outputs...), removals
 }
@@ -133,7 +133,7 @@ func (p *plan) failed(err error) error {
 }
 
 // written lists the paths of writes.
-func written(writes []Placed) []string {
+func written(writes []placement) []string {
 	out := make([]string, len(writes))
 	for i, w := range writes {
 		out[i] = w.path()

@@ -151,15 +151,15 @@ type File struct {
 // not given. It wraps fs.ErrExist.
 var ErrExists = fmt.Errorf("refusing to overwrite existing files without --force: %w", fs.ErrExist)
 
-// CheckAbsent returns an error wrapping ErrExists that lists every file of
+// checkAbsent returns an error wrapping ErrExists that lists every file of
 // files already present in d.
-func CheckAbsent(d Dir, files []File) error {
+func checkAbsent(d Dir, files []File) error {
 	return checkPlacedAbsent(place(d, files, false))
 }
 
 // checkPlacedAbsent returns an error wrapping ErrExists that lists every
 // file of files that is already present and may not be overwritten.
-func checkPlacedAbsent(files []Placed) error {
+func checkPlacedAbsent(files []placement) error {
 	var present []string
 	for _, p := range files {
 		if p.Overwrite || p.File.Remove {
@@ -187,28 +187,28 @@ func checkPlacedAbsent(files []Placed) error {
 // was. A crash of the whole process between two writes cannot be undone
 // this way; ceremonies detect such a partial set on the next run.
 func WriteSet(d Dir, files []File, overwrite bool) error {
-	return WritePlaced(place(d, files, overwrite))
+	return writePlaced(place(d, files, overwrite))
 }
 
 // place puts every file of files in d with the same overwrite permission.
-func place(d Dir, files []File, overwrite bool) []Placed {
-	placed := make([]Placed, len(files))
+func place(d Dir, files []File, overwrite bool) []placement {
+	placed := make([]placement, len(files))
 	for i, f := range files {
-		placed[i] = Placed{Dir: d, File: f, Overwrite: overwrite}
+		placed[i] = placement{Dir: d, File: f, Overwrite: overwrite}
 	}
 	return placed
 }
 
-// Placed is a File in a given Dir, with its own overwrite permission.
-type Placed struct {
+// placement is a File in a given Dir, with its own overwrite permission.
+type placement struct {
 	Dir       Dir
 	File      File
 	Overwrite bool
 }
 
-// WritePlaced is WriteSet for files spread over several directories (an
+// writePlaced is WriteSet for files spread over several directories (an
 // output file and the receipt that records it).
-func WritePlaced(files []Placed) error {
+func writePlaced(files []placement) error {
 	if err := checkPlacedAbsent(files); err != nil {
 		return err
 	}
@@ -229,17 +229,17 @@ func WritePlaced(files []Placed) error {
 }
 
 // path returns the operating-system path of p, for messages.
-func (p Placed) path() string { return p.Dir.Path(p.File.Name) }
+func (p placement) path() string { return p.Dir.Path(p.File.Name) }
 
 // apply writes p, or removes it when it asks to be removed.
-func (p Placed) apply() error {
+func (p placement) apply() error {
 	if p.File.Remove {
 		return p.Dir.Remove(p.File.Name)
 	}
 	return p.Dir.WriteFile(p.File.Name, p.File.Data, p.File.Mode, p.Overwrite)
 }
 
-// backup is what a file held before WritePlaced changed it, so that a
+// backup is what a file held before writePlaced changed it, so that a
 // failed set can be rolled back.
 type backup struct {
 	data []byte
@@ -249,7 +249,7 @@ type backup struct {
 
 // readBackups reads the current content of every file of files; a missing
 // file is recorded as absent.
-func readBackups(files []Placed) ([]backup, error) {
+func readBackups(files []placement) ([]backup, error) {
 	backups := make([]backup, 0, len(files))
 	for _, p := range files {
 		b := backup{mode: p.File.Mode}
@@ -271,7 +271,7 @@ func readBackups(files []Placed) ([]backup, error) {
 
 // rollback undoes the writes of files, newest first: a file that existed
 // gets its backup back, a new one is removed.
-func rollback(files []Placed, backups []backup) error {
+func rollback(files []placement, backups []backup) error {
 	var errs []error
 	for i := len(files) - 1; i >= 0; i-- {
 		p, b := files[i], backups[i]

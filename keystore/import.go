@@ -15,7 +15,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/internal/keyutil"
 	"github.com/steward-trustd/steward-trustd/internal/pki"
 	"github.com/steward-trustd/steward-trustd/signer"
-	"github.com/steward-trustd/steward-trustd/signer/file"
 )
 
 // ImportSource is an existing OS CA to move onto a device.
@@ -110,7 +109,7 @@ type ImportOptions struct {
 // An interrupted Import resumes when re-run: the key is known in advance,
 // so a key at the signer URI with its fingerprint is the one an earlier
 // run put there; any other key there is refused (ForeignKeyError).
-func (c *Ceremony) Import(ctx context.Context, d Dir, o ImportOptions) (*Outcome, error) {
+func (c *Ceremony) Import(ctx context.Context, d Dir, o ImportOptions) (_ *Outcome, err error) {
 	fp, err := o.check()
 	if err != nil {
 		return nil, err
@@ -127,7 +126,7 @@ func (c *Ceremony) Import(ctx context.Context, d Dir, o ImportOptions) (*Outcome
 	if err != nil {
 		return nil, fmt.Errorf("import: %w", err)
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	if err := VerifyDeviceSignature(s, o.Source.Cert.PublicKey, c.Rand); err != nil {
 		return nil, fmt.Errorf("import: %w", err)
 	}
@@ -201,8 +200,7 @@ func (c *Ceremony) importedEarlier(ctx context.Context, st *state, uri, fp strin
 	}
 	desc := s.Describe()
 	if desc.Fingerprint != fp {
-		s.Close()
-		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}
+		return nil, nil, errors.Join(&ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}, s.Close())
 	}
 	return s, []string{"the key was already in place from an earlier run (" + desc.Location + ")"}, nil
 }
@@ -251,12 +249,13 @@ func planImport(st *state, o ImportOptions, r importResults) (*plan, error) {
 	return p, nil
 }
 
-// destroySourceNote says where the key now is (a file key is no device)
-// and that every copy of the source must go.
+// destroySourceNote says where the key now is (an extractable key, a
+// file key always, is held by no device) and that every copy of the
+// source must go.
 func destroySourceNote(key signer.Description) string {
 	where := "is on the device (" + key.Location + ")"
-	if key.Backend == file.Scheme {
-		where = "is in the key file " + key.Location + " (extractable: no device holds it)"
+	if key.Extractable {
+		where = "is at " + key.Location + " (extractable: no device keeps it from being copied)"
 	}
 	return "the key " + where + " and signs correctly: now destroy every copy of the source key, including backups " +
 		"(a key file: shred -u; a secrets.yaml: the import writes its worker secrets file without the OS CA key, then destroy the original)"

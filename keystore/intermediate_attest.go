@@ -53,7 +53,7 @@ func (c *Ceremony) IntermediateAttest(ctx context.Context, d Dir, o Intermediate
 	}
 	r := newReceipt(opIntermediateAttest, desc)
 	r.Details = map[string]string{"name": csr.Subject.CommonName}
-	out, err := c.record(d, &plan{receipt: r, outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: true}}})
+	out, err := c.record(d, &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: true}}})
 	if err != nil {
 		return nil, err
 	}
@@ -63,12 +63,12 @@ func (c *Ceremony) IntermediateAttest(ctx context.Context, d Dir, o Intermediate
 }
 
 // describeKey opens the key at uri for its description.
-func (c *Ceremony) describeKey(ctx context.Context, uri string) (signer.Description, error) {
+func (c *Ceremony) describeKey(ctx context.Context, uri string) (_ signer.Description, err error) {
 	key, err := c.Keys.Open(ctx, uri)
 	if err != nil {
 		return signer.Description{}, err
 	}
-	defer key.Close()
+	defer closeKey(key, &err)
 	return key.Describe(), nil
 }
 
@@ -213,7 +213,7 @@ func (c *Ceremony) IntermediateInstall(ctx context.Context, d Dir, o Intermediat
 	r := newReceipt(opIntermediateInstall, desc)
 	certReceipt(&r, cert)
 	r.Details = map[string]string{"outcome": "installed; activation proof written for the root"}
-	out, err := c.record(d, &plan{receipt: r, outputs: []Placed{
+	out, err := c.record(d, &plan{receipt: r, outputs: []placement{
 		{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force},
 		{Dir: o.ProofOut.Dir, File: File{Name: o.ProofOut.Name, Data: proof, Mode: 0o644}, Overwrite: true},
 	}})
@@ -224,7 +224,7 @@ func (c *Ceremony) IntermediateInstall(ctx context.Context, d Dir, o Intermediat
 	return cert, out, nil
 }
 
-func (c *Ceremony) openSealedIntermediate(ctx context.Context, o IntermediateInstallOptions) (*x509.Certificate, []byte, signer.Description, error) {
+func (c *Ceremony) openSealedIntermediate(ctx context.Context, o IntermediateInstallOptions) (_ *x509.Certificate, _ []byte, _ signer.Description, err error) {
 	enr, err := openEnrolment(ctx, o)
 	if err != nil {
 		return nil, nil, signer.Description{}, err
@@ -237,7 +237,7 @@ func (c *Ceremony) openSealedIntermediate(ctx context.Context, o IntermediateIns
 	if err != nil {
 		return nil, nil, signer.Description{}, err
 	}
-	defer key.Close()
+	defer closeKey(key, &err)
 	if !pki.KeyMatchesCert(key.Public(), certs[0]) {
 		return nil, nil, signer.Description{}, &attestation.CheckError{Check: attestation.CheckKeyMatch, Err: errors.New("the certificate is not for the key at --signer")}
 	}

@@ -35,9 +35,9 @@ func (c *Ceremony) OpenCA(ctx context.Context, uri string, ca *x509.Certificate)
 	}
 	if !pki.KeyMatchesCert(s.Public(), ca) {
 		fp, _ := signer.Fingerprint(ca.PublicKey)
-		s.Close()
-		return nil, fmt.Errorf("%w: the key at the signer URI (fingerprint %s) is not the key of CA %q (fingerprint %s); after rotate --finish, %s is the new CA: give --signer the new key's URI (during a rotation the new CA is %s)",
+		err := fmt.Errorf("%w: the key at the signer URI (fingerprint %s) is not the key of CA %q (fingerprint %s); after rotate --finish, %s is the new CA: give --signer the new key's URI (during a rotation the new CA is %s)",
 			ErrKeyMismatch, s.Describe().Fingerprint, ca.Subject, fp, certdir.FileCACert, certdir.FileNextCACert)
+		return nil, errors.Join(err, s.Close())
 	}
 	return s, nil
 }
@@ -50,7 +50,7 @@ type issuance struct {
 	key     signer.Description
 	cert    *x509.Certificate
 	details map[string]string
-	outputs []Placed
+	outputs []placement
 }
 
 // plan is the pure half of an issuing operation: the outputs and the
@@ -84,7 +84,7 @@ type SignCSROptions struct {
 // SignCSR issues a talosctl client certificate for a CSR: Organization =
 // roles, EKU exactly ClientAuth, KeyUsage DigitalSignature. Nothing but
 // the CSR's public key and CommonName is taken from the request.
-func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) (*x509.Certificate, *Outcome, error) {
+func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) (_ *x509.Certificate, _ *Outcome, err error) {
 	if err := c.check(); err != nil {
 		return nil, nil, err
 	}
@@ -100,7 +100,7 @@ func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	cert, err := pki.NewClientCertificate(o.CA, s, csr.PublicKey, csr.Subject.CommonName, roles, o.Validity, c.now(), c.Rand)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
@@ -108,7 +108,7 @@ func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) 
 	out, err := c.record(receipts, issuance{
 		op: opSignCSR, key: s.Describe(), cert: cert,
 		details: map[string]string{"roles": strings.Join(roles, ","), "caFingerprint": pki.CertFingerprint(o.CA)},
-		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
+		outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: pki.EncodeCertificates(cert), Mode: 0o644}, Overwrite: o.Force}},
 	}.plan())
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
@@ -156,7 +156,7 @@ type TalosconfigOptions struct {
 // Talosconfig generates a client key locally, has the device sign its
 // certificate (as SignCSR) and writes a talosconfig in the format of
 // github.com/siderolabs/talos/pkg/machinery/client/config.
-func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigOptions) (*Outcome, error) {
+func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigOptions) (_ *Outcome, err error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
@@ -177,7 +177,7 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	key, err := keyutil.GenerateKey(c.Rand, signer.ECDSAP256)
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: generate client key: %w", err)
@@ -197,7 +197,7 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	out, err := c.record(receipts, issuance{
 		op: opTalosconfig, key: s.Describe(), cert: cert,
 		details: map[string]string{"roles": strings.Join(roles, ","), "context": o.Context, "endpoints": strings.Join(o.Endpoints, ","), "caFingerprint": pki.CertFingerprint(o.CA)},
-		outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o600}, Overwrite: o.Force}},
+		outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o600}, Overwrite: o.Force}},
 	}.plan())
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
@@ -245,7 +245,7 @@ type ServerCertOptions struct {
 
 // ServerCert issues trustd's serving certificate for the given hosts,
 // with a locally generated P-256 key, into server.crt and server.key.
-func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOptions) (*x509.Certificate, *Outcome, error) {
+func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOptions) (_ *x509.Certificate, _ *Outcome, err error) {
 	if err := c.check(); err != nil {
 		return nil, nil, err
 	}
@@ -256,7 +256,7 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
 	if !o.Force {
-		if err := CheckAbsent(o.Out, []File{{Name: certdir.FileServerCert}, {Name: certdir.FileServerKey}}); err != nil {
+		if err := checkAbsent(o.Out, []File{{Name: certdir.FileServerCert}, {Name: certdir.FileServerKey}}); err != nil {
 			return nil, nil, fmt.Errorf("server-cert: %w", err)
 		}
 	}
@@ -264,7 +264,7 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 	if err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	cert, keyPEM, err := issueServing(o.CA, s, o.Hosts, o.Validity, c.now(), c.Rand)
 	if err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
@@ -287,9 +287,9 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 // serverCertOutputs are server.key and server.crt in o.Out and, in a
 // ceremony directory, the Secret manifest (the daemon's cert dir) kept in
 // step with them.
-func serverCertOutputs(o ServerCertOptions, cert *x509.Certificate, keyPEM []byte) ([]Placed, error) {
+func serverCertOutputs(o ServerCertOptions, cert *x509.Certificate, keyPEM []byte) ([]placement, error) {
 	crtPEM := pki.EncodeCertificates(cert)
-	out := []Placed{
+	out := []placement{
 		{Dir: o.Out, File: File{Name: certdir.FileServerKey, Data: keyPEM, Mode: 0o600}, Overwrite: o.Force},
 		{Dir: o.Out, File: File{Name: certdir.FileServerCert, Data: crtPEM, Mode: 0o600}, Overwrite: o.Force},
 	}
@@ -297,7 +297,7 @@ func serverCertOutputs(o ServerCertOptions, cert *x509.Certificate, keyPEM []byt
 	if err != nil || secret == nil {
 		return out, err
 	}
-	return append(out, Placed{Dir: o.Out, File: *secret, Overwrite: true}), nil
+	return append(out, placement{Dir: o.Out, File: *secret, Overwrite: true}), nil
 }
 
 // refreshedSecret rebuilds kubernetes-secret.yaml of a ceremony directory

@@ -37,6 +37,7 @@ const (
 	opVerifyActivation Operation = "verify-attestation.activation"
 
 	opPolicyApprove Operation = "policy.approve"
+	opPolicyRevoke  Operation = "policy.revoke"
 )
 
 // Operations lists every operation a receipt may name.
@@ -47,6 +48,6 @@ func Operations() []Operation {
 		opIntermediateKey, opIntermediateRequest, opIntermediateSign, opIntermediateRotateFinish,
 		opIntermediateAttest, opIntermediateEnrol, opIntermediateInstall, opIntermediateConfirm,
 		opAttest, opAttestRespond, opVerifyAttest, opVerifyActivation,
-		opPolicyApprove,
+		opPolicyApprove, opPolicyRevoke,
 	}
 }

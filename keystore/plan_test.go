@@ -183,7 +183,7 @@ func TestPlanIssue(t *testing.T) {
 	is := issuance{
 		op: "server-cert", key: *desc, cert: ca,
 		details: map[string]string{"sans": "10.0.0.1"},
-		outputs: []Placed{
+		outputs: []placement{
 			{Dir: dir, File: File{Name: certdir.FileServerKey}},
 			{Dir: dir, File: File{Name: certdir.FileServerCert}},
 		},

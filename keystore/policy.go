@@ -34,6 +34,9 @@ type ApproveOptions struct {
 	Out Target
 	// Force allows replacing Out.
 	Force bool
+	// Epoch is the revocation epoch to approve at, for a revocable key
+	// (Binding.Revocable): its counter's current value. 0 for other keys.
+	Epoch uint64
 }
 
 // Approve signs an approval of a PCR state with the policy authority and
@@ -41,7 +44,7 @@ type ApproveOptions struct {
 // SHA-256(PolicyPCR digest || the key's policyRef): it lets a TPM key
 // created under this authority with that binding sign in that PCR state,
 // and nothing else.
-func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) (*Outcome, error) {
+func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) (_ *Outcome, err error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
@@ -63,12 +66,12 @@ func (c *Ceremony) planApproval(ctx context.Context, o ApproveOptions) (*plan, e
 	if err != nil {
 		return nil, fmt.Errorf("open the policy authority: %w%s", err, AuthorityHint(err))
 	}
-	defer auth.Close()
+	defer closeKey(auth, &err)
 	approvedBy := o.ApprovedBy
 	if approvedBy == "" {
 		approvedBy = auth.Describe().Fingerprint
 	}
-	a, err := tpmpolicy.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpmpolicy.ApprovalMeta{ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
+	a, err := tpmpolicy.SignApproval(auth, o.Binding, o.PCRs, o.Values, tpmpolicy.ApprovalMeta{Epoch: o.Epoch, ApprovedBy: approvedBy, Note: o.Note, CreatedAt: c.now()})
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +82,10 @@ func (c *Ceremony) planApproval(ctx context.Context, o ApproveOptions) (*plan, e
 	r := newReceipt(opPolicyApprove, auth.Describe())
 	r.Details = approvalDetails(a, o.Source)
 	r.Details["binding"] = o.Binding.String()
-	return &plan{receipt: r, outputs: []Placed{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}}, notes: []string{
+	if a.Epoch != 0 {
+		r.Details["epoch"] = strconv.FormatUint(a.Epoch, 10)
+	}
+	return &plan{receipt: r, outputs: []placement{{Dir: o.Out.Dir, File: File{Name: o.Out.Name, Data: data, Mode: 0o644}, Overwrite: o.Force}}, notes: []string{
 		"approval of sha256:" + pcrString(a.PCRs) + " (PolicyPCR digest " + a.Pol + ", policyRef " + strconv.Quote(a.Ref) + ") by authority " + a.PKFP + "; copy it into the approvals directory of every node in this PCR state (a ConfigMap is fine: it is not secret)",
 	}}, nil
 }

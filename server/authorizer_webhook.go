@@ -27,6 +27,10 @@ type WebhookTLS struct {
 	CAFile string
 	// CertFile and KeyFile are the daemon's client certificate and key.
 	CertFile, KeyFile string
+	// SocketUID is a uid a unix socket may be owned by besides root and
+	// this process's (the authorizer's own user under systemd); 0 adds
+	// nothing.
+	SocketUID int
 }
 
 // badResponseError is a webhook answer that is not a valid decision.
@@ -55,7 +59,7 @@ func NewWebhook(target string, tlsFiles WebhookTLS) (Decider, error) {
 		if u.Host != "" || u.Path == "" {
 			return nil, fmt.Errorf("authorizer %q: want unix:///absolute/path.sock", target)
 		}
-		return newUnixWebhook(u.Path), nil
+		return newUnixWebhook(u.Path, tlsFiles.SocketUID), nil
 	}
 	return nil, fmt.Errorf("authorizer %q: want none, file:/path, https://host/… or unix:///path.sock", target)
 }
@@ -102,11 +106,11 @@ func noRedirect(*http.Request, []*http.Request) error {
 	return errors.New("the authorizer answered with a redirect; point the daemon at the final URL")
 }
 
-func newUnixWebhook(path string) *webhook {
+func newUnixWebhook(path string, uid int) *webhook {
 	dialer := &net.Dialer{}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			if err := checkSocket(path); err != nil {
+			if err := checkSocket(path, uid); err != nil {
 				return nil, err
 			}
 			return dialer.DialContext(ctx, "unix", path)
@@ -118,9 +122,9 @@ func newUnixWebhook(path string) *webhook {
 }
 
 // checkSocket refuses a socket that someone else could have put there:
-// it must be a socket owned by root or by this process's user, and not
+// it must be a socket owned by root, this process's user or uid, and not
 // writable by others (connecting to a unix socket needs write access).
-func checkSocket(path string) error {
+func checkSocket(path string, uid int) error {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return fmt.Errorf("authorizer socket: %w", err)
@@ -131,8 +135,8 @@ func checkSocket(path string) error {
 		return fmt.Errorf("authorizer socket %s is not a socket", path)
 	case !ok:
 		return fmt.Errorf("authorizer socket %s: owner unknown", path)
-	case st.Uid != 0 && int(st.Uid) != os.Getuid():
-		return fmt.Errorf("authorizer socket %s is owned by uid %d, not root or this process's uid %d: refusing it", path, st.Uid, os.Getuid())
+	case st.Uid != 0 && int(st.Uid) != os.Getuid() && int(st.Uid) != uid:
+		return fmt.Errorf("authorizer socket %s is owned by uid %d, not root, this process's uid %d nor TRUSTD_AUTHORIZER_SOCKET_UID: refusing it", path, st.Uid, os.Getuid())
 	case fi.Mode().Perm()&0o002 != 0:
 		return fmt.Errorf("authorizer socket %s is writable by others (mode %v): make it 0660 or stricter", path, fi.Mode().Perm())
 	}
@@ -157,7 +161,7 @@ func (w *webhook) Decide(ctx context.Context, req *authz.Request) (*authz.Respon
 	if err != nil {
 		return nil, fmt.Errorf("ask %s: %w", w.name, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return nil, &badResponseError{fmt.Errorf("%s answered %s: %q", w.name, resp.Status, bytes.TrimSpace(msg))}

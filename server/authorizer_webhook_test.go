@@ -197,14 +197,17 @@ func TestWebhookUnixSocket(t *testing.T) {
 		if err := os.Chown(path, 12345, 12345); err != nil {
 			t.Fatal(err)
 		}
-		if err := checkSocket(path); err == nil || !strings.Contains(err.Error(), "owned by uid 12345") {
+		if err := checkSocket(path, 0); err == nil || !strings.Contains(err.Error(), "owned by uid 12345") {
 			t.Errorf("foreign socket: %v", err)
 		}
+		if err := checkSocket(path, 12345); err != nil {
+			t.Errorf("socket of the configured uid: %v", err)
+		}
 	}
-	if err := checkSocket(filepath.Join(dir)); err == nil {
+	if err := checkSocket(filepath.Join(dir), 0); err == nil {
 		t.Error("a directory passed as a socket")
 	}
-	if err := checkSocket(filepath.Join(dir, "missing.sock")); !errors.Is(err, os.ErrNotExist) {
+	if err := checkSocket(filepath.Join(dir, "missing.sock"), 0); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing socket: %v", err)
 	}
 }

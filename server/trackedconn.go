@@ -58,7 +58,7 @@ func (c *trackedConn) expire(gen int, reason string) {
 	c.l.mu.Unlock()
 	if open {
 		c.l.metrics.connClosed(reason)
-		c.Conn.Close()
+		_ = c.Conn.Close()
 	}
 }
 

@@ -23,6 +23,7 @@ type keyFlags struct {
 	pcrs        []int
 	authorities []string
 	systemd     bool
+	revocable   revocableFlags
 }
 
 func (k *keyFlags) register(cmd *cobra.Command, algUsage, pcrsUsage string) {
@@ -30,6 +31,7 @@ func (k *keyFlags) register(cmd *cobra.Command, algUsage, pcrsUsage string) {
 	cli.PCRsVar(cmd.Flags(), &k.pcrs, "pcrs", pcrsUsage)
 	cli.ListVar(cmd.Flags(), &k.authorities, "policy-authority", nil, policyAuthorityUsage)
 	cmd.Flags().BoolVar(&k.systemd, "systemd-compatible", false, systemdCompatibleUsage)
+	k.revocable.register(cmd)
 }
 
 // key parses --algorithm and binds uri to --pcrs (tpm: only).
@@ -42,8 +44,11 @@ func (k *keyFlags) key(uri string) (string, signer.Algorithm, error) {
 		return "", "", err
 	}
 	if k.systemd {
-		uri, err = withSystemd(uri, k.authorities)
+		if uri, err = withSystemd(uri, k.authorities); err != nil {
+			return "", "", err
+		}
 	}
+	uri, err = k.revocable.apply(uri, k.authorities, k.systemd)
 	return uri, alg, err
 }
 

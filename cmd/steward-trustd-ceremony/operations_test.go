@@ -31,6 +31,7 @@ var commandOperations = map[string][]string{
 	"attest":                  {"attest", "attest.respond"},
 	"verify-attestation":      {"verify-attestation", "verify-attestation.activation"},
 	"policy approve":          {"policy.approve"},
+	"policy revoke":           {"policy.revoke"},
 	"policy authority create": nil, // an offline key for no ceremony directory; it is never overwritten
 	"policy quote":            nil, // reads the TPM's PCRs for the approver
 	"status":                  nil, // reads

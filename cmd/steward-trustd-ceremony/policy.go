@@ -96,7 +96,9 @@ func (e *environment) authorityKeys(ctx context.Context, stderr io.Writer, uris 
 			return nil, fmt.Errorf("open policy authority: %w%s", err, keystore.AuthorityHint(err))
 		}
 		pubs = append(pubs, s.Public())
-		s.Close()
+		if err := s.Close(); err != nil {
+			return nil, fmt.Errorf("close policy authority: %w", err)
+		}
 	}
 	return pubs, nil
 }
@@ -108,7 +110,7 @@ func policyCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	}
 	authority := &cobra.Command{Use: "authority", Short: "The policy authority's key: create one"}
 	authority.AddCommand(authorityCreateCmd(env, stdout, stderr))
-	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr), authority)
+	c.AddCommand(approveCmd(env, stdout, stderr), quoteCmd(env, stdout, stderr), revokeCmd(env, stdout, stderr), authority)
 	return c
 }
 
@@ -144,7 +146,7 @@ Choose rsa2048 (or larger) to sign systemd-measure approvals with the same key
 	return c
 }
 
-func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout, stderr io.Writer) error {
+func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout, stderr io.Writer) (err error) {
 	if err := cli.Required(map[string]string{"key": f.key}); err != nil {
 		return err
 	}
@@ -160,7 +162,7 @@ func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout
 	if err != nil {
 		return fmt.Errorf("create the policy authority: %w", err)
 	}
-	defer s.Close()
+	defer func() { err = errors.Join(err, s.Close()) }()
 	a, err := tpmpolicy.NewAuthority(s.Public())
 	if err != nil {
 		return fmt.Errorf("the new key cannot be a policy authority: %w", err)
@@ -199,6 +201,7 @@ type approveFlags struct {
 	note, approvedBy, out, approvals, dir        string
 	pcrs                                         []string
 	force                                        bool
+	epoch                                        uint64
 }
 
 func approveCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
@@ -241,6 +244,7 @@ expires: retire it by removing the file from every node.`,
 	fs.StringVar(&f.approvals, "approvals", "", "approvals directory to write into (default: the approvals= of --signer)")
 	fs.StringVar(&f.dir, "dir", "", "directory for the receipt (default: the directory of the approval file)")
 	fs.BoolVar(&f.force, "force", false, "replace an existing approval file")
+	fs.Uint64Var(&f.epoch, "epoch", 0, "revocable keys: the revocation epoch to approve at (the counter's current value; default with --signer: read from its TPM)")
 	return c
 }
 
@@ -266,6 +270,10 @@ func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr
 	if want := binding.PCRs(); want != nil && !slices.Equal(pcrs, want) {
 		return fmt.Errorf("the state to approve selects sha256 PCRs %s, but the key accepts only %s (fixed at creation, bound in its policy); nothing was approved: approve the key's own PCRs", pcrList(pcrs), pcrList(want))
 	}
+	epoch, err := f.approveEpoch(ctx, env, stderr, binding)
+	if err != nil {
+		return err
+	}
 	target, err := f.target(env.clock(), pcrs, vals)
 	if err != nil {
 		return err
@@ -277,7 +285,7 @@ func (f *approveFlags) run(ctx context.Context, env *environment, stdout, stderr
 	return env.runOp(stdout, stderr, func(cer *keystore.Ceremony) (*keystore.Outcome, error) {
 		return cer.Approve(ctx, receipts, keystore.ApproveOptions{
 			AuthorityURI: f.authority, Binding: binding, PCRs: pcrs, Values: vals, Source: source,
-			ApprovedBy: f.approvedBy, Note: f.note, Out: target, Force: f.force,
+			ApprovedBy: f.approvedBy, Note: f.note, Out: target, Force: f.force, Epoch: epoch,
 		})
 	})
 }
@@ -411,7 +419,7 @@ func readSmall(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer fh.Close()
+	defer func() { _ = fh.Close() }() // read only
 	data, err := io.ReadAll(io.LimitReader(fh, 1<<20+1))
 	if err == nil && len(data) > 1<<20 {
 		err = fmt.Errorf("%s: larger than 1 MiB", path)
@@ -589,6 +597,7 @@ func printSignedPolicy(w io.Writer, r *tpm.PolicyReport) {
 	}
 	slices.Sort(pcrs)
 	fmt.Fprintf(w, "PCR state:    %s (PolicyPCR digest %s)\n", strings.Join(pcrs, " "), r.PolicyPCRDigest)
+	printRevocation(w, r.Revocation)
 	if r.Matching != "" {
 		fmt.Fprintf(w, "approved by:  %s\n", r.Matching)
 	} else {

@@ -171,7 +171,7 @@ func (d *daemon) listen(svc *server.Service, holder *server.CertHolder) error {
 	}
 	d.health = server.NewHealthServer(d.cfg.healthAddr, withLogHandler(d.issueLog, server.HealthHandler(d.readiness, d.registry)))
 	if d.healthLn, err = net.Listen("tcp", d.cfg.healthAddr); err != nil {
-		ln.Close()
+		err = errors.Join(err, ln.Close())
 		return fmt.Errorf("listen on health address %s: %w", d.cfg.healthAddr, err)
 	}
 	return nil

@@ -377,7 +377,7 @@ func (s *Signer) PolicyReport(ctx context.Context) (*PolicyReport, error) {
 	for _, a := range s.km.authorities {
 		r.Authorities = append(r.Authorities, AuthorityReport{Name: hex.EncodeToString(a.TPMName().Buffer), Fingerprint: a.Fingerprint(), SystemdFingerprint: a.SystemdFingerprint()})
 	}
-	err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	err := s.do(ctx, false, func(t transport.TPM, _ laneState) error {
 		vals, err := ReadPCRs(t, s.km.pcrs)
 		if err != nil {
 			return err

@@ -18,9 +18,12 @@ import (
 // KeyHandle exposes the loaded key's handle and name to the external tests
 // (which cannot be in package tpm: they import tpmsim, which imports tpm).
 func KeyHandle(s *Signer) (tpm2.TPMHandle, tpm2.TPM2BName) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.key, s.name
+	var key tpm2.TPMHandle
+	_ = s.do(context.Background(), false, func(_ transport.TPM, at laneState) error {
+		key = at.key
+		return nil
+	})
+	return key, s.name
 }
 
 // uncheck decodes an approval without any software check.
@@ -49,7 +52,7 @@ func TPMVerifyApproval(s *Signer, a *tpmpolicy.Approval) error {
 	if err != nil {
 		return err
 	}
-	return s.do(context.Background(), false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	return s.do(context.Background(), false, func(t transport.TPM, _ laneState) error {
 		_, err := s.ticket(t, c)
 		return err
 	})
@@ -73,7 +76,7 @@ func TPMSignWithEpochClaim(s *Signer, a *tpmpolicy.Approval, epoch uint64, skipN
 		return err
 	}
 	c.Epoch = epoch
-	return s.do(context.Background(), false, func(t transport.TPM, key tpm2.TPMHandle) error {
+	return s.do(context.Background(), false, func(t transport.TPM, at laneState) error {
 		sess, closeSess, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
 		if err != nil {
 			return err
@@ -91,7 +94,7 @@ func TPMSignWithEpochClaim(s *Signer, a *tpmpolicy.Approval, epoch uint64, skipN
 			return err
 		}
 		_, err = tpm2.Sign{
-			KeyHandle:  tpm2.AuthHandle{Handle: key, Name: s.name, Auth: sess},
+			KeyHandle:  tpm2.AuthHandle{Handle: at.key, Name: s.name, Auth: sess},
 			Digest:     tpm2.TPM2BDigest{Buffer: digest},
 			InScheme:   tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgECDSA, Details: tpm2.NewTPMUSigScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSchemeHash{HashAlg: tpm2.TPMAlgSHA256})},
 			Validation: tpm2.TPMTTKHashCheck{Tag: tpm2.TPMSTHashCheck, Hierarchy: tpm2.TPMRHNull},
@@ -131,7 +134,7 @@ func UncheckedApproval(authority crypto.Signer, ref string, pcrs []int, values [
 // own connection (a swtpm serves one connection at a time).
 func ExtendPCR(s *Signer, idx int, data []byte) error {
 	sum := sha256.Sum256(data)
-	return s.do(context.Background(), false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	return s.do(context.Background(), false, func(t transport.TPM, _ laneState) error {
 		_, err := tpm2.PCRExtend{
 			PCRHandle: tpm2.AuthHandle{Handle: tpm2.TPMHandle(idx), Auth: tpm2.PasswordAuth(nil)},
 			Digests:   tpm2.TPMLDigestValues{Digests: []tpm2.TPMTHA{{HashAlg: tpm2.TPMAlgSHA256, Digest: sum[:]}}},

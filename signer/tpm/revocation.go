@@ -228,7 +228,7 @@ func (s *Signer) RevocationEpoch(ctx context.Context) (uint64, error) {
 		return 0, fmt.Errorf("tpm: the key's approvals are not revocable (policy %s); make a revocable key: steward-trustd-ceremony rotate --new-signer 'tpm:path=NEW;approvals=DIR' --policy-authority AUTH --revocable", b)
 	}
 	var epoch uint64
-	err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	err := s.do(ctx, false, func(t transport.TPM, _ laneState) error {
 		var err error
 		epoch, err = readCounter(t, b.RevocationIndex())
 		return err
@@ -253,7 +253,7 @@ func (s *Signer) Revoke(ctx context.Context, before uint64, progress func(uint64
 	}
 	idx := s.km.binding.RevocationIndex()
 	for to = from; to < before; {
-		if err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error { return incrementCounter(t, idx) }); err != nil {
+		if err := s.do(ctx, false, func(t transport.TPM, _ laneState) error { return incrementCounter(t, idx) }); err != nil {
 			return from, to, err
 		}
 		to++
@@ -296,4 +296,55 @@ func (s *Signer) revocationReport(t transport.TPM, r *PolicyReport, approvals []
 	}
 	r.Revocation = rr
 	return nil
+}
+
+// RevocationCounter makes sure the revocation counter of the revocable
+// key uri is about to create (revocation=) exists on its TPM, creating it
+// if needed, and returns its value: the epoch the ceremony approves the
+// initial PCR state at, before the key exists. Generate then adopts the
+// same counter.
+func (b *Backend) RevocationCounter(ctx context.Context, uri string) (uint64, error) {
+	u, err := ParseURI(uri)
+	if err != nil {
+		return 0, err
+	}
+	bind := u.binding()
+	if !bind.Revocable() {
+		return 0, fmt.Errorf("tpm: %s names no revocation counter (revocation=): %w", u, signer.ErrInvalidURI)
+	}
+	var epoch uint64
+	err = b.withConn(ctx, u, func(t transport.TPM) error {
+		if err := ensureCounter(t, bind); err != nil {
+			return err
+		}
+		epoch, err = readCounter(t, bind.RevocationIndex())
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("tpm: %w", err)
+	}
+	return epoch, nil
+}
+
+// RevocationEpochOf reads the current epoch of the revocable key uri
+// names, from its TPM, without loading the key: what policy approve
+// --signer approves at.
+func (b *Backend) RevocationEpochOf(ctx context.Context, uri string) (uint64, error) {
+	bind, _, err := KeyBinding(uri)
+	if err != nil {
+		return 0, err
+	}
+	u, err := ParseURI(uri)
+	if err != nil {
+		return 0, err
+	}
+	if !bind.Revocable() {
+		return 0, fmt.Errorf("tpm: the key's approvals are not revocable (policy %s)", bind)
+	}
+	var epoch uint64
+	err = b.withConn(ctx, u, func(t transport.TPM) error {
+		epoch, err = readCounter(t, bind.RevocationIndex())
+		return err
+	})
+	return epoch, err
 }

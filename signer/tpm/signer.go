@@ -14,6 +14,7 @@ import (
 	"math/big"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/go-tpm/tpm2"
@@ -23,9 +24,10 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer/tpm/tpmpolicy"
 )
 
-// Signer signs with a key held in a TPM. It keeps one connection and the
-// key loaded between signatures, serializes TPM access, and reconnects and
-// reloads the key by itself after the TPM went away.
+// Signer signs with a key held in a TPM. It keeps one or two connections
+// (lanes) with the key loaded between signatures, one operation at a time
+// on each, and reconnects and reloads the key by itself after the TPM
+// went away.
 type Signer struct {
 	dial    DialFunc
 	logger  *slog.Logger
@@ -39,15 +41,12 @@ type Signer struct {
 	desc    signer.Description
 	pcrDesc string
 
-	mu          sync.Mutex
-	conn        transport.TPMCloser // nil while disconnected
-	key         tpm2.TPMHandle      // loaded (transient) or persistent handle
-	sess        tpm2.Session        // policy session kept between signatures; nil when none
-	closed      bool
-	lastAttempt time.Time
-	lastErr     error
-	deviceUp    bool
-	policyState int // 0 unknown, 1 satisfied, 2 not satisfied
+	lanes  []*lane
+	free   chan *lane // the lanes not in use
+	closed atomic.Bool
+
+	stateMu     sync.Mutex // guards policyState
+	policyState int        // 0 unknown, 1 satisfied, 2 not satisfied
 	auth        authorizedState
 }
 
@@ -57,6 +56,7 @@ func (b *Backend) newSigner(ctx context.Context, u KeyURI, km *keyMaterial) (*Si
 		retry = DefaultRetryInterval
 	}
 	s := &Signer{dial: b.Dial, logger: b.logger(), retry: retry, uri: u, km: km}
+	s.lanes, s.free = newLanes(max(u.Connections, 1))
 	if km.blob != nil {
 		pub, err := km.blob.Public.Contents()
 		if err != nil {
@@ -77,10 +77,12 @@ func (b *Backend) newSigner(ctx context.Context, u KeyURI, km *keyMaterial) (*Si
 		return err
 	})
 	if err != nil {
-		conn.Close()
+		err = errors.Join(err, conn.Close())
 		return nil, fmt.Errorf("tpm: open %s: %w", u, err)
 	}
-	s.conn, s.key, s.deviceUp = conn, key, true
+	// The first lane is connected now, so that Open fails on a key that
+	// cannot load; the others connect when first used.
+	s.lanes[0].conn, s.lanes[0].key, s.lanes[0].up = conn, key, true
 	return s, nil
 }
 
@@ -168,22 +170,22 @@ func (s *Signer) loadKey(t transport.TPM) (tpm2.TPMHandle, error) {
 	return s.uri.Handle, nil
 }
 
-// ensureLocked connects and reloads the key if the connection was lost.
-// It tries at most once per retry interval; in between it fails at once.
-func (s *Signer) ensureLocked(ctx context.Context) error {
-	if s.closed {
+// ensure connects ln and loads the key on it if it is disconnected. It
+// tries at most once per retry interval; in between it fails at once.
+func (s *Signer) ensure(ctx context.Context, ln *lane) error {
+	if s.closed.Load() {
 		return fmt.Errorf("tpm: signer is closed: %w", signer.ErrDeviceUnavailable)
 	}
-	if s.conn != nil {
+	if ln.conn != nil {
 		return nil
 	}
-	if !s.lastAttempt.IsZero() && time.Since(s.lastAttempt) < s.retry {
-		return s.lastErr
+	if !ln.lastAttempt.IsZero() && time.Since(ln.lastAttempt) < s.retry {
+		return ln.lastErr
 	}
-	s.lastAttempt = time.Now()
+	ln.lastAttempt = time.Now()
 	conn, err := s.dialURI(ctx)
 	if err != nil {
-		s.lastErr = err
+		ln.lastErr = err
 		return err
 	}
 	var key tpm2.TPMHandle
@@ -193,14 +195,14 @@ func (s *Signer) ensureLocked(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		conn.Close()
-		s.lastErr = fmt.Errorf("tpm: reconnect %s: %w: %w", s.uri.Device, signer.ErrDeviceUnavailable, err)
-		return s.lastErr
+		_ = conn.Close() // it failed; err says why
+		ln.lastErr = fmt.Errorf("tpm: reconnect %s: %w: %w", s.uri.Device, signer.ErrDeviceUnavailable, err)
+		return ln.lastErr
 	}
-	s.conn, s.key, s.lastErr = conn, key, nil
-	if !s.deviceUp {
-		s.deviceUp = true
-		s.logger.Info("tpm: device is back, key reloaded", "location", s.desc.Location)
+	ln.conn, ln.key, ln.lastErr = conn, key, nil
+	if !ln.up {
+		ln.up = true
+		s.logger.Info("tpm: device is back, key reloaded", "location", s.desc.Location, "connection", ln.index)
 	}
 	return nil
 }
@@ -215,52 +217,82 @@ func (s *Signer) dialURI(ctx context.Context) (transport.TPMCloser, error) {
 	return conn, nil
 }
 
-// dropLocked forgets a connection that failed; the next call reconnects.
-func (s *Signer) dropLocked(cause error) {
-	if s.conn != nil {
-		s.conn.Close()
+// drop forgets ln's connection after it failed; the next use reconnects.
+// Its kept session is not flushed: the connection is dead, or the TPM
+// lost its handles; an operation still running on it (abandoned by the
+// timeout) flushes the session it holds when it ends.
+func (s *Signer) drop(ln *lane, cause error) {
+	if ln.conn != nil {
+		_ = ln.conn.Close() // it failed; cause says why
 	}
-	s.conn, s.key, s.sess = nil, 0, nil
-	s.lastAttempt = time.Time{}
-	if s.deviceUp {
-		s.deviceUp = false
-		s.logger.Warn("tpm: device unavailable; requests fail until it is back", "location", s.desc.Location, "error", cause)
+	ln.sess.reset()
+	ln.conn, ln.key = nil, 0
+	ln.lastAttempt = time.Time{}
+	if ln.up {
+		ln.up = false
+		s.logger.Warn("tpm: device unavailable; requests fail until it is back", "location", s.desc.Location, "connection", ln.index, "error", cause)
 	}
 }
 
-// do runs op with the key loaded, serialized with every other TPM access.
-// policyOp says that op's success proves the policy satisfied (Sign,
-// CheckPolicy), for the once-per-change policy log.
-func (s *Signer) do(ctx context.Context, policyOp bool, op func(t transport.TPM, key tpm2.TPMHandle) error) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.ensureLocked(ctx); err != nil {
+// laneOp is an operation on a lane: t is the lane's connection, at what
+// it holds when the operation starts.
+type laneOp func(t transport.TPM, at laneState) error
+
+// laneState is a lane's key handle and connection generation for one
+// operation, taken while the operation owns the lane: an abandoned
+// operation keeps using these values, never the lane's fields.
+type laneState struct {
+	ln  *lane
+	key tpm2.TPMHandle
+	gen uint64
+}
+
+// do runs op on a free lane with the key loaded. policyOp says that op's
+// success proves the policy satisfied (Sign, CheckPolicy), for the
+// once-per-change policy log.
+func (s *Signer) do(ctx context.Context, policyOp bool, op laneOp) error {
+	ln, err := s.take(ctx)
+	if err != nil {
 		return err
 	}
-	key := s.key
-	dead, err := runBounded(ctx, s.conn, s.uri.Timeout, func(t transport.TPM) error { return op(t, key) })
+	defer s.give(ln)
+	if err := s.ensure(ctx, ln); err != nil {
+		return err
+	}
+	at := laneState{ln: ln, key: ln.key, gen: ln.sess.generation()}
+	dead, err := runBounded(ctx, ln.conn, s.uri.Timeout, func(t transport.TPM) error { return op(t, at) })
+	err = s.afterOp(ln, dead, err)
+	if errors.Is(err, signer.ErrPolicyNotSatisfied) {
+		s.setPolicyState(false, err)
+	} else if err == nil && policyOp {
+		s.setPolicyState(true, nil)
+	}
+	return err
+}
+
+// afterOp drops the lane's connection when the device or the key is gone,
+// and names a PCR change during the operation as a policy failure.
+func (s *Signer) afterOp(ln *lane, dead bool, err error) error {
 	switch {
 	case dead:
-		s.dropLocked(err)
+		s.drop(ln, err)
 	case errors.Is(err, tpm2.TPMRCHandle) || errors.Is(err, tpm2.TPMRCReferenceH0):
 		// The TPM lost the loaded key (a reset behind a connection that
-		// survived it): reload on the next call.
-		s.dropLocked(err)
-		err = fmt.Errorf("%w: %w", signer.ErrDeviceUnavailable, err)
+		// survived it, or another client of a TPM without a resource
+		// manager flushed it): reload on the next call.
+		s.drop(ln, err)
+		err = fmt.Errorf("%w: %w: %w", signer.ErrDeviceUnavailable, errKeyLost, err)
 	case errors.Is(err, tpm2.TPMRCPCRChanged) && !errors.Is(err, signer.ErrPolicyNotSatisfied):
 		// A PCR changed between TPM2_PolicyPCR and TPM2_Sign (TPM 2.0
 		// Part 3 §23.7): the boot state moved under the key's policy.
 		err = s.policyErr(err)
 	}
-	if errors.Is(err, signer.ErrPolicyNotSatisfied) {
-		s.setPolicyStateLocked(false, err)
-	} else if err == nil && policyOp {
-		s.setPolicyStateLocked(true, nil)
-	}
 	return err
 }
 
-func (s *Signer) setPolicyStateLocked(ok bool, err error) {
+func (s *Signer) setPolicyState(ok bool, err error) {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
 	state := 2
 	if ok {
 		state = 1
@@ -361,34 +393,60 @@ func (s *Signer) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byt
 	}
 	d, hashAlg := s.tpmDigest(digest)
 	var r, sv []byte
-	err := s.do(context.Background(), true, func(t transport.TPM, key tpm2.TPMHandle) error {
+	op := func(t transport.TPM, at laneState) error {
 		var err error
-		r, sv, err = s.signOp(t, key, d, hashAlg)
+		r, sv, err = s.signOp(t, at, d, hashAlg)
+		if sessionLost(err) {
+			// The kept session is gone (flushed by someone with access
+			// to the device, or the TPM was reset): signOp let it go;
+			// once more on a fresh one.
+			r, sv, err = s.signOp(t, at, d, hashAlg)
+		}
 		return err
-	})
+	}
+	err := s.do(context.Background(), true, op)
+	if errors.Is(err, errKeyLost) {
+		// The connection still works: once more with the key reloaded.
+		err = s.do(context.Background(), true, op)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return encodeSig(r, sv)
 }
 
-func (s *Signer) signOp(t transport.TPM, key tpm2.TPMHandle, d []byte, hashAlg tpm2.TPMIAlgHash) (r, sv []byte, err error) {
-	sess, err := s.sessionLocked(t)
+// errKeyLost marks a failure because the TPM no longer had the loaded
+// key; the connection was dropped to reload it.
+var errKeyLost = errors.New("the TPM no longer holds the loaded key; it is reloaded")
+
+// sessionLost reports an error that says the kept policy session is no
+// longer loaded: TPM_RC_REFERENCE_H0 from a policy command (whose first
+// handle is the session) or TPM_RC_REFERENCE_S0 from TPM2_Sign (whose
+// first authorization is). A lost key gives TPM_RC_REFERENCE_H0 from
+// TPM2_Sign too: the retry then fails the same way, and do drops the
+// connection to reload it.
+func sessionLost(err error) bool {
+	return errors.Is(err, tpm2.TPMRCReferenceH0) || errors.Is(err, tpm2.TPMRCReferenceS0)
+}
+
+func (s *Signer) signOp(t transport.TPM, at laneState, d []byte, hashAlg tpm2.TPMIAlgHash) (r, sv []byte, err error) {
+	sess, err := s.keptSession(t, at)
 	if err != nil {
 		return nil, nil, err
 	}
-	// Any failure may leave the session half-way through the policy:
-	// flush it, the next signature starts a fresh one.
+	// A failure may leave the session half-way through the policy: it is
+	// flushed, and the next signature starts a fresh one. A session whose
+	// connection was dropped while this ran is flushed too.
 	defer func() {
-		if err != nil {
-			s.discardSessionLocked(t)
+		if at.ln.sess.settle(at.gen, sess, err != nil) {
+			flush(t, sess.Handle())
 		}
 	}()
 	if err := s.runPolicy(t, sess.Handle()); err != nil {
 		return nil, nil, err
 	}
 	rsp, err := tpm2.Sign{
-		KeyHandle: tpm2.AuthHandle{Handle: key, Name: s.name, Auth: sess},
+		KeyHandle: tpm2.AuthHandle{Handle: at.key, Name: s.name, Auth: sess},
 		Digest:    tpm2.TPM2BDigest{Buffer: d},
 		InScheme: tpm2.TPMTSigScheme{
 			Scheme:  tpm2.TPMAlgECDSA,
@@ -409,36 +467,32 @@ func (s *Signer) signOp(t transport.TPM, key tpm2.TPMHandle, d []byte, hashAlg t
 	return ecc.SignatureR.Buffer, ecc.SignatureS.Buffer, nil
 }
 
-// sessionLocked returns the policy session kept for signing, starting one
-// if needed. go-tpm's policy sessions have continueSession set, and a
-// policy session that authorizes a command with continueSession SET is
-// reset to its initial policy state afterwards (TPM 2.0 Part 1, policy
-// session lifecycle; libtpms, i.e. swtpm, does so, and the conformance
-// suite signs many times on one session). So one session serves signature
-// after signature with PolicyPCR, PolicyCommandCode and Sign: three
-// commands instead of five with StartAuthSession and FlushContext each
-// time. A PCR that changes between PolicyPCR and Sign makes Sign fail
-// with TPM_RC_PCR_CHANGED; the session is then discarded like after any
-// failure.
-func (s *Signer) sessionLocked(t transport.TPM) (tpm2.Session, error) {
-	if s.sess != nil {
-		return s.sess, nil
+// keptSession returns the policy session the lane keeps for signing,
+// starting one if needed. go-tpm's policy sessions have continueSession
+// set, and a policy session that authorizes a command with
+// continueSession SET is reset to its initial policy state afterwards
+// (TPM 2.0 Part 1, policy session lifecycle; libtpms, i.e. swtpm, does
+// so, and the conformance suite signs many times on one session). So one
+// session serves signature after signature with PolicyPCR,
+// PolicyCommandCode and Sign: three commands instead of five with
+// StartAuthSession and FlushContext each time. A PCR that changes
+// between PolicyPCR and Sign makes Sign fail with TPM_RC_PCR_CHANGED; the
+// session is then discarded like after any failure.
+func (s *Signer) keptSession(t transport.TPM, at laneState) (tpm2.Session, error) {
+	if sess := at.ln.sess.get(at.gen); sess != nil {
+		return sess, nil
 	}
 	sess, _, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
 	if err != nil {
 		return nil, fmt.Errorf("start policy session (TPM2_StartAuthSession): %w", err)
 	}
-	s.sess = sess
-	return sess, nil
-}
-
-// discardSessionLocked flushes the kept policy session, if any.
-func (s *Signer) discardSessionLocked(t transport.TPM) {
-	if s.sess == nil {
-		return
+	if !at.ln.sess.keep(at.gen, sess) {
+		// The connection was dropped while the session started (this
+		// operation was abandoned by the timeout): nobody else flushes it.
+		flush(t, sess.Handle())
+		return nil, fmt.Errorf("start policy session: %w: the connection was dropped", signer.ErrDeviceUnavailable)
 	}
-	flush(t, s.sess.Handle())
-	s.sess = nil
+	return sess, nil
 }
 
 // encodeSig encodes r and s as an ASN.1 ECDSA-Sig-Value (RFC 3279 §2.2.3).
@@ -454,7 +508,7 @@ func encodeSig(r, s []byte) ([]byte, error) {
 // satisfy the key's policy: nil, or an error wrapping
 // signer.ErrPolicyNotSatisfied (or signer.ErrDeviceUnavailable).
 func (s *Signer) CheckPolicy(ctx context.Context) error {
-	return s.do(ctx, true, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	return s.do(ctx, true, func(t transport.TPM, _ laneState) error {
 		sess, closeSess, err := tpm2.PolicySession(t, tpm2.TPMAlgSHA256, 16)
 		if err != nil {
 			return fmt.Errorf("start policy session (TPM2_StartAuthSession): %w", err)
@@ -478,7 +532,7 @@ func (s *Signer) CheckPolicy(ctx context.Context) error {
 // to, by index.
 func (s *Signer) PCRValues(ctx context.Context) (map[int][]byte, error) {
 	var vals [][]byte
-	err := s.do(ctx, false, func(t transport.TPM, _ tpm2.TPMHandle) error {
+	err := s.do(ctx, false, func(t transport.TPM, _ laneState) error {
 		var err error
 		vals, err = ReadPCRs(t, s.km.pcrs)
 		return err
@@ -496,26 +550,37 @@ func (s *Signer) PCRValues(ctx context.Context) (map[int][]byte, error) {
 // PCRs returns the sha256 PCR indices the key is bound to.
 func (s *Signer) PCRs() []int { return append([]int(nil), s.km.pcrs...) }
 
-// Close flushes the loaded key and closes the connection. The key itself
+// Close flushes the loaded key and the kept session on each connection
+// and closes them, after the operations in progress end. The key itself
 // (blob file or persistent handle) is untouched.
 func (s *Signer) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	s.closed = true
-	if s.conn == nil {
+	var errs []error
+	for range s.lanes {
+		ln := <-s.free
+		errs = append(errs, s.closeLane(ln))
+		defer s.give(ln) // later calls find a lane and fail: closed
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Signer) closeLane(ln *lane) error {
+	if ln.conn == nil {
 		return nil
 	}
-	runBounded(context.Background(), s.conn, s.uri.Timeout, func(t transport.TPM) error { //nolint:errcheck // the connection is closed right after
-		s.discardSessionLocked(t)
-		if s.km.blob != nil && s.key != 0 {
-			flush(t, s.key)
+	sess := ln.sess.reset()
+	runBounded(context.Background(), ln.conn, s.uri.Timeout, func(t transport.TPM) error { //nolint:errcheck // the connection is closed right after
+		if sess != nil {
+			flush(t, sess.Handle())
+		}
+		if s.km.blob != nil && ln.key != 0 {
+			flush(t, ln.key)
 		}
 		return nil
 	})
-	err := s.conn.Close()
-	s.conn, s.key, s.sess = nil, 0, nil
+	err := ln.conn.Close()
+	ln.conn, ln.key = nil, 0
 	return err
 }

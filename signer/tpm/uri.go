@@ -84,7 +84,7 @@ func (d Device) singleClient() bool {
 	case DeviceTCP, DeviceUnix:
 		return true
 	case DeviceChar:
-		return !strings.HasPrefix(filepath.Base(d.Addr), "tpmrm")
+		return !isResourceManager(d.Addr)
 	}
 	return false
 }
@@ -121,6 +121,10 @@ type KeyURI struct {
 	// the ceremony's --revocable). For Open of a blob the blob says; a
 	// given revocation= must agree.
 	Revocation tpm2.TPMHandle
+	// Connections is how many connections to the TPM the signer keeps
+	// (connections=, 1 or 2; defaultConnections if not named), each with
+	// the key loaded and a policy session of its own.
+	Connections int
 	// legacy makes a new key under policy authorities a v1 key (tpmpolicy.PolicyRef,
 	// selection not bound). Only the tests of v1 compatibility set it:
 	// no URI can.
@@ -171,6 +175,9 @@ func (u KeyURI) String() string {
 	if u.Revocation != 0 {
 		parts = append(parts, fmt.Sprintf("revocation=0x%08x", uint32(u.Revocation)))
 	}
+	if u.Connections != defaultConnections(u.Device) {
+		parts = append(parts, "connections="+strconv.Itoa(u.Connections))
+	}
 	return Scheme + ":" + strings.Join(parts, ";")
 }
 
@@ -208,6 +215,9 @@ func ParseURI(uri string) (KeyURI, error) {
 	if err := p.revocation(); err != nil {
 		return KeyURI{}, err
 	}
+	if err := p.connections(); err != nil {
+		return KeyURI{}, err
+	}
 	return p.u, nil
 }
 
@@ -216,6 +226,20 @@ type uriParser struct {
 	u          KeyURI
 	seen       map[string]bool
 	deviceAttr string // the attribute that named the TPM, if any
+	conns      string // connections=, checked against the device at the end
+}
+
+// connections sets the connection count: connections= if given (checked
+// against the device, whichever attribute came first), else the device's
+// default.
+func (p *uriParser) connections() error {
+	if p.conns == "" {
+		p.u.Connections = defaultConnections(p.u.Device)
+		return nil
+	}
+	n, err := parseConnections(p.conns, p.u.Device)
+	p.u.Connections = n
+	return err
 }
 
 // systemd checks systemd=true: the key is under a policy authority
@@ -280,8 +304,10 @@ func (p *uriParser) apply(k, v string) error {
 		p.u.Systemd = true
 	case "revocation":
 		p.u.Revocation, err = parseRevocationIndex(v)
+	case "connections":
+		p.conns = v
 	default:
-		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority, systemd, revocation)", k)
+		return uriErr("unknown attribute %q (known: path, handle, device, swtpm, socket, pcrs, timeout, approvals, authority, systemd, revocation, connections)", k)
 	}
 	return err
 }

@@ -229,7 +229,9 @@ func (r *Relay) forward(c net.Conn, cmd []byte) ([]byte, error) {
 		time.Sleep(d - time.Since(start))
 	}
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
-		r.log.Debug("TPM command", "command", commandName(cc), "response_code", fmt.Sprintf("0x%x", ResponseCode(rsp)), "took", time.Since(start))
+		// start_us (µs since the epoch) with took gives when the device
+		// was busy and when it idled between commands.
+		r.log.Debug("TPM command", "command", commandName(cc), "response_code", fmt.Sprintf("0x%x", ResponseCode(rsp)), "took", time.Since(start), "start_us", start.UnixMicro())
 	}
 	if h, ok := cl.track(cc, cmd, rsp, nh); ok && uint32(h)>>24 != htTransient {
 		r.disownLocked(cl, h)
