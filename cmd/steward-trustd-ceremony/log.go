@@ -46,7 +46,7 @@ func logInitCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "init --signer LOG_KEY_URI --log DIR",
 		Short: "Create the log key on its device and write the log's verifier key (DIR/log.pub)",
-		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cli.Required(map[string]string{"signer": f.signer, "log": f.dir}); err != nil {
 				return err
 			}
@@ -58,7 +58,7 @@ func logInitCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			defer func() { err = errors.Join(err, s.Close()) }()
+			defer func() { _ = s.Close() }() // the key is written; a close error changes nothing
 			if err := notTheCA(s, f.ca); err != nil {
 				return err
 			}
@@ -286,7 +286,7 @@ check the cosignature with the witness's verifier key (printed on stderr).`,
 			if err != nil {
 				return err
 			}
-			defer key.Close()
+			defer func() { _ = key.Close() }() // only read and signed with
 			w, err := issuelog.NewCosigner(f.name, key, env.clock)
 			if err != nil {
 				return cli.Usage(err)

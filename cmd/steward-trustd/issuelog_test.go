@@ -98,7 +98,7 @@ func TestDaemonLogsEveryCertificate(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if cp, err := issuelog.ParseCheckpoint(body, d.vkey); err != nil || cp.Size != 3 {
+	if cp, err := issuelog.ParseCheckpoint(body, d.vkey); err != nil || cp.Size != 4 {
 		t.Fatalf("served checkpoint %q: %v", body, err)
 	}
 	cancel()
@@ -109,8 +109,12 @@ func TestDaemonLogsEveryCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, err := issuelog.Verify(snap, d.vkey); err != nil || !r.OK() || r.Issued != 3 {
+	// three workers' certificates and the self-issued serving certificate
+	if r, err := issuelog.Verify(snap, d.vkey); err != nil || !r.OK() || r.Issued != 4 {
 		t.Fatalf("%v %+v", err, r)
+	}
+	if first, _ := issuelog.ParseEntry(snap.Entries[0]); first.Kind != "serving" {
+		t.Errorf("first entry %+v, want the serving certificate", first)
 	}
 }
 

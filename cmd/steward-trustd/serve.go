@@ -280,6 +280,7 @@ func setupServingCert(cfg *config, dir server.CertDir, holder *server.CertHolder
 		Hosts:       func() ([]string, error) { return servingHosts(cfg.certSANs, log) },
 		Logger:      log,
 		Metrics:     m,
+		IssueLog:    svc.IssueLog(),
 	}
 	if err := si.Issue(); err != nil {
 		return nil, d, err
