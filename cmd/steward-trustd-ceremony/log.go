@@ -274,7 +274,7 @@ verifies the log with its pinned key and against every checkpoint it cosigned be
 (kept in --state), so a log rewritten, cut or forked since is refused; then it
 cosigns the latest checkpoint with an Ed25519 witness key and prints it. Owners
 check the cosignature with the witness's verifier key (printed on stderr).`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if err := cli.Required(map[string]string{"signer": f.signer, "name": f.name, "state": f.state}); err != nil {
 				return err
 			}
@@ -286,7 +286,7 @@ check the cosignature with the witness's verifier key (printed on stderr).`,
 			if err != nil {
 				return err
 			}
-			defer func() { _ = key.Close() }() // only read and signed with
+			defer func() { err = errors.Join(err, key.Close()) }()
 			w, err := issuelog.NewCosigner(f.name, key, env.clock)
 			if err != nil {
 				return cli.Usage(err)
