@@ -18,6 +18,8 @@
 #                 in the same run, and the local CPU bound (load -cpu-bound:
 #                 parse + verify CSR + sign on all cores, in-process); prints
 #                 daemon ÷ anchor per round and daemon ÷ bound
+# ISSUANCE_LOG=1 runs each daemon with the issuance log on (a file log key)
+# and verifies the log afterwards.
 # Workers wait between attempts as Talos does (BACKOFF=talos; fast: the load
 # tool's 250 ms doubling). Loopback only; every run is bounded by DURATION.
 #   hack/fleet-boot.sh [bin-dir]      (make fleet-boot)
@@ -150,6 +152,10 @@ for backend in $BACKENDS; do
     "$bin/steward-trustd-ceremony" init --signer "$signer" --cluster fleet --out "$dir" >/dev/null
     ;;
   esac
+  if [ -n "${ISSUANCE_LOG:-}" ]; then # the issuance log on (its own file log key)
+    "$bin/steward-trustd-ceremony" log init --signer "file:$work/$backend-log.key" --log "$work/$backend-log" --name "steward-trustd.fleet/$backend" >/dev/null 2>&1
+    extra+=(TRUSTD_LOG_DIR="$work/$backend-log" TRUSTD_LOG_KEY="file:$work/$backend-log.key")
+  fi
   run_daemon "$dir" "$signer" "${extra[@]}"
   sleep 2
   echo "== $backend: idle daemon $(grep VmRSS /proc/$daemon/status | tr -s ' \t' ' ')"
@@ -157,5 +163,8 @@ for backend in $BACKENDS; do
   "$bin/load" -addr 127.0.0.1:$port -certs "$dir" -workers "$workers" -requests "$workers" -ramp "$RAMP" \
     -retry -backoff "${BACKOFF:-talos}" -spread-sources -duration "$DURATION" -daemon-pid "$daemon" -metrics "http://127.0.0.1:$((port + 1000))/metrics"
   kill -INT "$daemon"; wait "$daemon" 2>/dev/null || true
+  if [ -n "${ISSUANCE_LOG:-}" ]; then
+    echo "== $backend: issuance log: $("$bin/steward-trustd-ceremony" log verify --log "$work/$backend-log" --key "$work/$backend-log/log.pub" 2>&1 | head -1); $(stat -c %s "$work/$backend-log/entries.log") bytes"
+  fi
   port=$((port + 1))
 done
