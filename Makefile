@@ -148,7 +148,7 @@ $(GOVULNCHECK): hack/tools/vuln/go.mod hack/tools/vuln/go.sum
 	cd hack/tools/vuln && $(GO) build -o $(abspath $(BIN))/ golang.org/x/vuln/cmd/govulncheck golang.org/x/vulndb/cmd/indexdb
 
 vulncheck: deps $(GOVULNCHECK)
-	./hack/tools/vulncheck.sh $(BIN) . test/talos test/deploy hack/image test/k8s
+	./hack/tools/vulncheck.sh $(BIN) . test/talos test/deploy hack/image test/k8s cmd/steward-trustd-authorizer
 
 lint: $(GOLANGCI_LINT) vulncheck
 	@bad=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
