@@ -11,9 +11,13 @@
 # and two steady-state comparisons (not in the default BACKENDS):
 #   tpm60-kept    16 kept-alive clients against the 60 ms chip: the share
 #                 of the device's 16.7 signatures/s the daemon delivers
-#   file-anchor   32 kept-alive clients, file key, against the daemon and
-#                 against a bare Talos-style server (load -serve-anchor),
-#                 interleaved twice in the same run
+#   file-anchor   light clients (load -light: CSRs made and 32 connections
+#                 set up before the clock starts), file key, against the
+#                 daemon and against a bare Talos-style server
+#                 (load -serve-anchor), alternating ROUNDS (default 3) times
+#                 in the same run, and the local CPU bound (load -cpu-bound:
+#                 parse + verify CSR + sign on all cores, in-process); prints
+#                 daemon ÷ anchor per round and daemon ÷ bound
 # Workers wait between attempts as Talos does (BACKOFF=talos; fast: the load
 # tool's 250 ms doubling). Loopback only; every run is bounded by DURATION.
 #   hack/fleet-boot.sh [bin-dir]      (make fleet-boot)
@@ -64,18 +68,38 @@ start_tpm() {
 # Kept-alive clients share one source address: no per-address limit there.
 steady() { local label=$1; shift; echo "== $label"; "$bin/load" -reuse -duration "$DURATION" "$@" || true; }
 
+# rate OUTPUT: the certificates/s of a load run ("(123.4/s)"); cpu OUTPUT:
+# the server's CPU ms per certificate (load -daemon-pid).
+rate() { sed -n 's/^certificates:.*(\([0-9.]*\)\/s).*$/\1/p' <<<"$1" | head -1; }
+cpu() { sed -n 's/^server CPU per certificate: \([0-9.]*\) ms.*$/\1/p' <<<"$1" | head -1; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
+
+# light LABEL ARGS...: one light-client run; prints its output, sets $out.
+light() { local label=$1; shift; echo "== $label"; out=$("$bin/load" -light -duration "$DURATION" "$@" 2>&1 || true); echo "$out"; }
+
 file_anchor() {
-  local dir=$work/anchor
+  local dir=$work/anchor n=${FILE_REQUESTS:-6000} clients=${FILE_CLIENTS:-32} anchor d a ratios="" cpus="" rates="" bound
   "$bin/steward-trustd-gencreds" -cluster anchor -output "$dir" >/dev/null
   run_daemon "$dir" "file:$dir/os-ca.key" TRUSTD_PEER_RATE=-1
   "$bin/load" -serve-anchor -addr 127.0.0.1:$((port + 2000)) -certs "$dir" -duration "$DURATION" 2>"$work/anchor.log" &
-  pids+=($!)
+  anchor=$!
+  pids+=("$anchor")
   wait_for "$work/anchor.log" "anchor listening" anchor
-  for round in $(seq "${ROUNDS:-2}"); do
-    steady "file-anchor round $round: steward-trustd, file key" -addr 127.0.0.1:$port -certs "$dir" -workers 32 -requests "${FILE_REQUESTS:-6000}"
-    steady "file-anchor round $round: bare Talos-style server" -addr 127.0.0.1:$((port + 2000)) -certs "$dir" -workers 32 -requests "${FILE_REQUESTS:-6000}"
+  echo "== file-anchor: load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  for round in $(seq "${ROUNDS:-3}"); do
+    light "file-anchor round $round: steward-trustd, file key" -addr 127.0.0.1:$port -certs "$dir" -workers "$clients" -requests "$n" -daemon-pid "$daemon"
+    d=$(rate "$out") dc=$(cpu "$out")
+    light "file-anchor round $round: bare Talos-style server" -addr 127.0.0.1:$((port + 2000)) -certs "$dir" -workers "$clients" -requests "$n" -daemon-pid "$anchor"
+    a=$(rate "$out")
+    ratios+=" $(ratio "$d" "$a")"; cpus+=" $(ratio "$(cpu "$out")" "$dc")"; rates+=" $d"
   done
-  kill -INT "$daemon"; wait "$daemon" 2>/dev/null || true
+  kill -INT "$daemon" "$anchor"; wait "$daemon" "$anchor" 2>/dev/null || true
+  echo "== file-anchor: local CPU bound"
+  out=$("$bin/load" -cpu-bound -certs "$dir" -requests "$n" 2>&1 || true); echo "$out"
+  bound=$(sed -n 's/^local CPU bound.*(\([0-9.]*\)\/s).*$/\1/p' <<<"$out")
+  local bratios=""
+  for d in $rates; do bratios+=" $(ratio "$d" "$bound")"; done
+  echo "== file-anchor summary: daemon ÷ anchor in certificates/s per round:$ratios; in CPU per certificate (anchor's ÷ daemon's):$cpus; daemon ÷ local CPU bound ($bound/s):$bratios; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
 tpm60_kept() {

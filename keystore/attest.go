@@ -58,7 +58,10 @@ func (c *Ceremony) Attest(ctx context.Context, receipts Dir, o AttestOptions) (*
 		return nil, fmt.Errorf("attest: %w", err)
 	}
 	desc := s.Describe()
-	s.Close()
+	// The TPM attests the key in a session of its own: this one is done.
+	if err := s.Close(); err != nil {
+		return nil, fmt.Errorf("attest: close the CA key: %w", err)
+	}
 	ev, err := o.TPM.Attest(ctx, o.SignerURI, attestation.CAQualifyingData(o.CA.Raw, o.Nonce))
 	if err != nil {
 		return nil, fmt.Errorf("attest: %w", err)

@@ -108,7 +108,9 @@ func (c *Ceremony) authorityURI(ctx context.Context, uri string, uris []string) 
 			return "", fmt.Errorf("open policy authority: %w%s", err, AuthorityHint(err))
 		}
 		pubs = append(pubs, s.Public())
-		s.Close()
+		if err := s.Close(); err != nil {
+			return "", fmt.Errorf("close policy authority %s: %w", s.Describe().Location, err)
+		}
 	}
 	return tpm.WithAuthorities(uri, pubs)
 }

@@ -25,13 +25,15 @@ func (d OSDir) Lock() (unlock func(), removed []string, err error) {
 		return nil, nil, fmt.Errorf("lock %s: %w", d.Root, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
+		_ = f.Close() // opened read-only, for the lock alone
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, nil, fmt.Errorf("%w: %s (wait for it to finish)", ErrBusy, d.Root)
 		}
 		return nil, nil, fmt.Errorf("lock %s: %w", d.Root, err)
 	}
-	unlock = func() { f.Close() }
+	// Closing the descriptor releases the lock (flock(2)), even when
+	// close reports an error.
+	unlock = func() { _ = f.Close() }
 	for _, sub := range []string{d.Root, d.Path(certdir.DirReceipts)} {
 		r, err := atomicfile.RemoveStaleTemps(sub)
 		removed = append(removed, r...)

@@ -109,7 +109,7 @@ type ImportOptions struct {
 // An interrupted Import resumes when re-run: the key is known in advance,
 // so a key at the signer URI with its fingerprint is the one an earlier
 // run put there; any other key there is refused (ForeignKeyError).
-func (c *Ceremony) Import(ctx context.Context, d Dir, o ImportOptions) (*Outcome, error) {
+func (c *Ceremony) Import(ctx context.Context, d Dir, o ImportOptions) (_ *Outcome, err error) {
 	fp, err := o.check()
 	if err != nil {
 		return nil, err
@@ -126,7 +126,7 @@ func (c *Ceremony) Import(ctx context.Context, d Dir, o ImportOptions) (*Outcome
 	if err != nil {
 		return nil, fmt.Errorf("import: %w", err)
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	if err := VerifyDeviceSignature(s, o.Source.Cert.PublicKey, c.Rand); err != nil {
 		return nil, fmt.Errorf("import: %w", err)
 	}
@@ -200,8 +200,7 @@ func (c *Ceremony) importedEarlier(ctx context.Context, st *state, uri, fp strin
 	}
 	desc := s.Describe()
 	if desc.Fingerprint != fp {
-		s.Close()
-		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}
+		return nil, nil, errors.Join(&ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}, s.Close())
 	}
 	return s, []string{"the key was already in place from an earlier run (" + desc.Location + ")"}, nil
 }

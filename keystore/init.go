@@ -45,7 +45,7 @@ var initOutputs = []string{certdir.FileCACert, certdir.FileToken, certdir.FileWo
 // it was created; an os-ca.crt of that key is kept, as is its token; a
 // complete earlier run is reported as AlreadyDone and nothing is written.
 // A key the directory has no record of is refused (ForeignKeyError).
-func (c *Ceremony) Init(ctx context.Context, d Dir, o InitOptions) (*Outcome, error) {
+func (c *Ceremony) Init(ctx context.Context, d Dir, o InitOptions) (_ *Outcome, err error) {
 	if err := o.check(); err != nil {
 		return nil, err
 	}
@@ -58,7 +58,7 @@ func (c *Ceremony) Init(ctx context.Context, d Dir, o InitOptions) (*Outcome, er
 	if err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}
-	defer key.Close()
+	defer closeKey(key, &err)
 	ca := reusableCA(st, key.Public())
 	if ca == nil {
 		if ca, err = c.initCA(st, key, o); err != nil {

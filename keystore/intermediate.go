@@ -48,7 +48,7 @@ type IntermediateRequestOptions struct {
 // and writes a certificate request signed by that key, for the root's
 // holder to sign with IntermediateSign. d is the node's ceremony
 // directory (receipts and intent records).
-func (c *Ceremony) IntermediateRequest(ctx context.Context, d Dir, o IntermediateRequestOptions) (*Outcome, error) {
+func (c *Ceremony) IntermediateRequest(ctx context.Context, d Dir, o IntermediateRequestOptions) (_ *Outcome, err error) {
 	if strings.TrimSpace(o.Name) == "" {
 		return nil, errors.New("intermediate request: a name is required (the node name)")
 	}
@@ -62,7 +62,7 @@ func (c *Ceremony) IntermediateRequest(ctx context.Context, d Dir, o Intermediat
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request: %w", err)
 	}
-	defer key.Close()
+	defer closeKey(key, &err)
 	der, err := x509.CreateCertificateRequest(c.Rand, &x509.CertificateRequest{Subject: pkix.Name{CommonName: o.Name}}, key)
 	if err != nil {
 		return nil, fmt.Errorf("intermediate request: sign the request on the device: %w", err)
@@ -199,7 +199,7 @@ func intermediateSignNext(o IntermediateSignOptions) string {
 
 // signIntermediate has the root certify o.CSR's key and checks the
 // result as the daemon checks issuer.crt; nothing is written.
-func (c *Ceremony) signIntermediate(ctx context.Context, o IntermediateSignOptions) (*x509.Certificate, signer.Description, error) {
+func (c *Ceremony) signIntermediate(ctx context.Context, o IntermediateSignOptions) (_ *x509.Certificate, _ signer.Description, err error) {
 	if err := c.check(); err != nil {
 		return nil, signer.Description{}, err
 	}
@@ -211,7 +211,7 @@ func (c *Ceremony) signIntermediate(ctx context.Context, o IntermediateSignOptio
 	if err != nil {
 		return nil, signer.Description{}, fmt.Errorf("intermediate sign: %w", err)
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	profile := pki.IntermediateOptions{Subject: pkix.Name{CommonName: csr.Subject.CommonName}, Validity: o.Validity, PermittedIPRanges: o.PermittedIPRanges}
 	cert, err := pki.NewIntermediateCertificate(o.CA, s, csr.PublicKey, profile, c.now(), c.Rand)
 	if err == nil {

@@ -1,6 +1,6 @@
 package keystore
 
-// Attested enrolment of a node's intermediate (issue 13): the node's
+// Attested enrolment of a node's intermediate: the node's
 // request carries TPM evidence that its key lives in that TPM; the root
 // verifies it before signing and seals the certificate to the node's EK
 // and AK; the node installs it with TPM2_ActivateCredential.
@@ -63,12 +63,12 @@ func (c *Ceremony) IntermediateAttest(ctx context.Context, d Dir, o Intermediate
 }
 
 // describeKey opens the key at uri for its description.
-func (c *Ceremony) describeKey(ctx context.Context, uri string) (signer.Description, error) {
+func (c *Ceremony) describeKey(ctx context.Context, uri string) (_ signer.Description, err error) {
 	key, err := c.Keys.Open(ctx, uri)
 	if err != nil {
 		return signer.Description{}, err
 	}
-	defer key.Close()
+	defer closeKey(key, &err)
 	return key.Describe(), nil
 }
 
@@ -224,7 +224,7 @@ func (c *Ceremony) IntermediateInstall(ctx context.Context, d Dir, o Intermediat
 	return cert, out, nil
 }
 
-func (c *Ceremony) openSealedIntermediate(ctx context.Context, o IntermediateInstallOptions) (*x509.Certificate, []byte, signer.Description, error) {
+func (c *Ceremony) openSealedIntermediate(ctx context.Context, o IntermediateInstallOptions) (_ *x509.Certificate, _ []byte, _ signer.Description, err error) {
 	enr, err := openEnrolment(ctx, o)
 	if err != nil {
 		return nil, nil, signer.Description{}, err
@@ -237,7 +237,7 @@ func (c *Ceremony) openSealedIntermediate(ctx context.Context, o IntermediateIns
 	if err != nil {
 		return nil, nil, signer.Description{}, err
 	}
-	defer key.Close()
+	defer closeKey(key, &err)
 	if !pki.KeyMatchesCert(key.Public(), certs[0]) {
 		return nil, nil, signer.Description{}, &attestation.CheckError{Check: attestation.CheckKeyMatch, Err: errors.New("the certificate is not for the key at --signer")}
 	}

@@ -39,7 +39,7 @@ func (c *Ceremony) IntermediateRotate(ctx context.Context, d Dir, o Intermediate
 // that key would be "rotated" to itself, and kept past the rotation that
 // was meant to retire it. A key not there yet, or an issuer.crt that
 // does not parse (a rotation is its remedy), is no reason to refuse.
-func (c *Ceremony) refuseCurrentIssuerKey(ctx context.Context, d Dir, uri string) error {
+func (c *Ceremony) refuseCurrentIssuerKey(ctx context.Context, d Dir, uri string) (err error) {
 	b, err := readOptional(d, certdir.FileIssuerChain)
 	if err != nil || b == nil {
 		return err
@@ -52,7 +52,7 @@ func (c *Ceremony) refuseCurrentIssuerKey(ctx context.Context, d Dir, uri string
 	if err != nil {
 		return nil // IntermediateRequest creates it, or reports why not
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	if pki.KeyMatchesCert(s.Public(), chain[0]) {
 		return fmt.Errorf("%w: the key at --new-signer is the current intermediate's (%s); a rotation needs a new key location", signer.ErrKeyExists, d.Path(certdir.FileIssuerChain))
 	}
@@ -63,7 +63,7 @@ func (c *Ceremony) refuseCurrentIssuerKey(ctx context.Context, d Dir, uri string
 // issuer.next.crt must be the new key's (newURI, which must sign) and
 // pass the daemon's checks against os-ca.crt and accepted-cas.crt; it
 // becomes issuer.crt, and issuer.next.crt and issuer.next.csr go.
-func (c *Ceremony) IntermediateRotateFinish(ctx context.Context, d Dir, newURI string) (*Outcome, error) {
+func (c *Ceremony) IntermediateRotateFinish(ctx context.Context, d Dir, newURI string) (_ *Outcome, err error) {
 	st, unlock, err := c.begin(d)
 	if err != nil {
 		return nil, fmt.Errorf("rotate --intermediate --finish: %w", err)
@@ -77,7 +77,7 @@ func (c *Ceremony) IntermediateRotateFinish(ctx context.Context, d Dir, newURI s
 	if err != nil {
 		return nil, fmt.Errorf("rotate --intermediate --finish: open the new key: %w", err)
 	}
-	defer key.Close()
+	defer closeKey(key, &err)
 	if err := checkNextIssuer(st, next, key, c); err != nil {
 		return nil, fmt.Errorf("rotate --intermediate --finish: %w", err)
 	}

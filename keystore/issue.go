@@ -35,9 +35,9 @@ func (c *Ceremony) OpenCA(ctx context.Context, uri string, ca *x509.Certificate)
 	}
 	if !pki.KeyMatchesCert(s.Public(), ca) {
 		fp, _ := signer.Fingerprint(ca.PublicKey)
-		s.Close()
-		return nil, fmt.Errorf("%w: the key at the signer URI (fingerprint %s) is not the key of CA %q (fingerprint %s); after rotate --finish, %s is the new CA: give --signer the new key's URI (during a rotation the new CA is %s)",
+		err := fmt.Errorf("%w: the key at the signer URI (fingerprint %s) is not the key of CA %q (fingerprint %s); after rotate --finish, %s is the new CA: give --signer the new key's URI (during a rotation the new CA is %s)",
 			ErrKeyMismatch, s.Describe().Fingerprint, ca.Subject, fp, certdir.FileCACert, certdir.FileNextCACert)
+		return nil, errors.Join(err, s.Close())
 	}
 	return s, nil
 }
@@ -84,7 +84,7 @@ type SignCSROptions struct {
 // SignCSR issues a talosctl client certificate for a CSR: Organization =
 // roles, EKU exactly ClientAuth, KeyUsage DigitalSignature. Nothing but
 // the CSR's public key and CommonName is taken from the request.
-func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) (*x509.Certificate, *Outcome, error) {
+func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) (_ *x509.Certificate, _ *Outcome, err error) {
 	if err := c.check(); err != nil {
 		return nil, nil, err
 	}
@@ -100,7 +100,7 @@ func (c *Ceremony) SignCSR(ctx context.Context, receipts Dir, o SignCSROptions) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	cert, err := pki.NewClientCertificate(o.CA, s, csr.PublicKey, csr.Subject.CommonName, roles, o.Validity, c.now(), c.Rand)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sign-csr: %w", err)
@@ -156,7 +156,7 @@ type TalosconfigOptions struct {
 // Talosconfig generates a client key locally, has the device sign its
 // certificate (as SignCSR) and writes a talosconfig in the format of
 // github.com/siderolabs/talos/pkg/machinery/client/config.
-func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigOptions) (*Outcome, error) {
+func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigOptions) (_ *Outcome, err error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
@@ -177,7 +177,7 @@ func (c *Ceremony) Talosconfig(ctx context.Context, receipts Dir, o TalosconfigO
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: %w", err)
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	key, err := keyutil.GenerateKey(c.Rand, signer.ECDSAP256)
 	if err != nil {
 		return nil, fmt.Errorf("talosconfig: generate client key: %w", err)
@@ -245,7 +245,7 @@ type ServerCertOptions struct {
 
 // ServerCert issues trustd's serving certificate for the given hosts,
 // with a locally generated P-256 key, into server.crt and server.key.
-func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOptions) (*x509.Certificate, *Outcome, error) {
+func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOptions) (_ *x509.Certificate, _ *Outcome, err error) {
 	if err := c.check(); err != nil {
 		return nil, nil, err
 	}
@@ -264,7 +264,7 @@ func (c *Ceremony) ServerCert(ctx context.Context, receipts Dir, o ServerCertOpt
 	if err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	cert, keyPEM, err := issueServing(o.CA, s, o.Hosts, o.Validity, c.now(), c.Rand)
 	if err != nil {
 		return nil, nil, fmt.Errorf("server-cert: %w", err)

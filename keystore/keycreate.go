@@ -102,23 +102,19 @@ func (c *Ceremony) claimExisting(st *state, req keyRequest, s signer.Signer) (si
 			// The run was interrupted after the receipt, before it
 			// removed the intent record.
 			if err := c.dropIntent(st, req.op); err != nil {
-				s.Close()
-				return nil, nil, err
+				return nil, nil, errors.Join(err, s.Close())
 			}
 		}
 	case in != nil && in.Address == keyAddress(req.uri) && hasAlgorithm(s, in.Algorithm):
 		if err := c.recordKey(st, req.op, s, in); err != nil {
-			s.Close()
-			return nil, nil, err
+			return nil, nil, errors.Join(err, s.Close())
 		}
 		resumed = fmt.Sprintf("key %s (%s) was created by a run interrupted before recording it; recorded now", desc.Fingerprint, desc.Location)
 	default:
-		s.Close()
-		return nil, nil, &ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}
+		return nil, nil, errors.Join(&ForeignKeyError{Fingerprint: desc.Fingerprint, Location: desc.Location, Receipts: st.dir.Path(certdir.DirReceipts)}, s.Close())
 	}
 	if !hasAlgorithm(s, req.alg) {
-		s.Close()
-		return nil, nil, fmt.Errorf("%w: the key an earlier run created is %s, not %s; re-run with the flags of that run", signer.ErrKeyExists, desc.Algorithm, req.alg)
+		return nil, nil, errors.Join(fmt.Errorf("%w: the key an earlier run created is %s, not %s; re-run with the flags of that run", signer.ErrKeyExists, desc.Algorithm, req.alg), s.Close())
 	}
 	return s, []string{resumed}, nil
 }
@@ -138,8 +134,7 @@ func (c *Ceremony) generate(ctx context.Context, st *state, req keyRequest) (sig
 	}
 	c.step(string(req.op) + " key created")
 	if err := c.recordKey(st, req.op, s, in); err != nil {
-		s.Close()
-		return nil, nil, err
+		return nil, nil, errors.Join(err, s.Close())
 	}
 	return s, nil, nil
 }
@@ -164,7 +159,8 @@ func (c *Ceremony) writeIntent(st *state, in *intent) error {
 func (c *Ceremony) generateFailed(ctx context.Context, st *state, req keyRequest, cause error) error {
 	s, err := c.Keys.Open(ctx, req.uri)
 	if err == nil {
-		s.Close()
+		// Only whether a key is there matters; cause is what is reported.
+		_ = s.Close()
 	}
 	if errors.Is(err, signer.ErrKeyNotFound) || errors.Is(cause, signer.ErrKeyExists) {
 		if rerr := c.removeIntent(st, req.op); rerr != nil {

@@ -44,7 +44,7 @@ type ApproveOptions struct {
 // SHA-256(PolicyPCR digest || the key's policyRef): it lets a TPM key
 // created under this authority with that binding sign in that PCR state,
 // and nothing else.
-func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) (*Outcome, error) {
+func (c *Ceremony) Approve(ctx context.Context, receipts Dir, o ApproveOptions) (_ *Outcome, err error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
@@ -66,7 +66,7 @@ func (c *Ceremony) planApproval(ctx context.Context, o ApproveOptions) (*plan, e
 	if err != nil {
 		return nil, fmt.Errorf("open the policy authority: %w%s", err, AuthorityHint(err))
 	}
-	defer auth.Close()
+	defer closeKey(auth, &err)
 	approvedBy := o.ApprovedBy
 	if approvedBy == "" {
 		approvedBy = auth.Describe().Fingerprint

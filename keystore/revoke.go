@@ -30,7 +30,7 @@ type revocable interface {
 // or after the increments, before the receipt) is completed by running
 // it again, which advances only what is left and writes the receipt.
 // Nothing about any approval file changes: the TPM refuses the old ones.
-func (c *Ceremony) Revoke(ctx context.Context, receipts Dir, o RevokeOptions) (*Outcome, error) {
+func (c *Ceremony) Revoke(ctx context.Context, receipts Dir, o RevokeOptions) (_ *Outcome, err error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
@@ -38,7 +38,7 @@ func (c *Ceremony) Revoke(ctx context.Context, receipts Dir, o RevokeOptions) (*
 	if err != nil {
 		return nil, fmt.Errorf("policy revoke: open the key: %w", err)
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	r, ok := s.(revocable)
 	if !ok {
 		return nil, errors.New("policy revoke: the key is not a TPM key; only a revocable TPM key (created with --revocable) has a revocation counter")

@@ -81,12 +81,12 @@ func (c *Ceremony) Rotate(ctx context.Context, d Dir, o RotateOptions) (*Outcome
 // only checks that it opens), closing it before it returns. Its own
 // session: on a TPM without a resource manager, creating the new key
 // flushes what other connections left loaded.
-func (c *Ceremony) vouchAs(ctx context.Context, st *state, uri string, cur *x509.Certificate, use func(signer.Signer) error) error {
+func (c *Ceremony) vouchAs(ctx context.Context, st *state, uri string, cur *x509.Certificate, use func(signer.Signer) error) (err error) {
 	root, err := c.OpenCA(ctx, uri, cur)
 	if err != nil {
 		return fmt.Errorf("the current CA's key (--signer) vouches for the new CA: %w", err)
 	}
-	defer root.Close()
+	defer closeKey(root, &err)
 	if use == nil {
 		return nil
 	}
@@ -95,12 +95,12 @@ func (c *Ceremony) vouchAs(ctx context.Context, st *state, uri string, cur *x509
 
 // rotateNew creates or resumes the new key and its CA (os-ca.next.crt
 // if an earlier run issued it), and closes the key.
-func (c *Ceremony) rotateNew(ctx context.Context, st *state, o RotateOptions, cur *x509.Certificate) (signer.Description, *x509.Certificate, []string, error) {
+func (c *Ceremony) rotateNew(ctx context.Context, st *state, o RotateOptions, cur *x509.Certificate) (_ signer.Description, _ *x509.Certificate, _ []string, err error) {
 	key, resumed, err := c.rotateKey(ctx, st, o, cur)
 	if err != nil {
 		return signer.Description{}, nil, nil, err
 	}
-	defer key.Close()
+	defer closeKey(key, &err)
 	next := st.next
 	if next == nil {
 		if next, err = c.rotateCA(key, cur, o); err != nil {
@@ -123,11 +123,9 @@ func (c *Ceremony) rotateKey(ctx context.Context, st *state, o RotateOptions, cu
 	case err != nil:
 		return nil, nil, err
 	case st.next != nil && !pki.KeyMatchesCert(key.Public(), st.next):
-		key.Close()
-		return nil, nil, inProgress()
+		return nil, nil, errors.Join(inProgress(), key.Close())
 	case pki.KeyMatchesCert(key.Public(), cur):
-		key.Close()
-		return nil, nil, fmt.Errorf("%w: the key at --new-signer is the current CA's key; a rotation needs a new key location", signer.ErrKeyExists)
+		return nil, nil, errors.Join(fmt.Errorf("%w: the key at --new-signer is the current CA's key; a rotation needs a new key location", signer.ErrKeyExists), key.Close())
 	}
 	return key, resumed, nil
 }
@@ -197,7 +195,7 @@ type RotateFinishOptions struct {
 // os-ca.next.crt is removed last, after the receipt: a re-run after a
 // crash finds it and completes the finish. Without a rotation in progress
 // the error wraps ErrNoRotation.
-func (c *Ceremony) RotateFinish(ctx context.Context, d Dir, o RotateFinishOptions) (*Outcome, error) {
+func (c *Ceremony) RotateFinish(ctx context.Context, d Dir, o RotateFinishOptions) (_ *Outcome, err error) {
 	st, unlock, err := c.begin(d)
 	if err != nil {
 		return nil, fmt.Errorf("rotate --finish: %w", err)
@@ -211,7 +209,7 @@ func (c *Ceremony) RotateFinish(ctx context.Context, d Dir, o RotateFinishOption
 	if err != nil {
 		return nil, fmt.Errorf("rotate --finish: %w", err)
 	}
-	defer key.Close()
+	defer closeKey(key, &err)
 	if err := VerifyDeviceSignature(key, f.next.PublicKey, c.Rand); err != nil {
 		return nil, fmt.Errorf("rotate --finish: %w", err)
 	}

@@ -113,12 +113,12 @@ func (c *Ceremony) Status(ctx context.Context, uri string, ca *x509.Certificate,
 // (accepted-cas.crt): the issuer chain is checked against ca and them,
 // as the daemon checks it (an intermediate from the previous root
 // verifies to accepted-cas.crt after a root rotation).
-func (c *Ceremony) StatusAccepting(ctx context.Context, uri string, ca *x509.Certificate, accepted []*x509.Certificate, d Dir, chain ...*x509.Certificate) (*Status, error) {
+func (c *Ceremony) StatusAccepting(ctx context.Context, uri string, ca *x509.Certificate, accepted []*x509.Certificate, d Dir, chain ...*x509.Certificate) (_ *Status, err error) {
 	s, err := c.Keys.Open(ctx, uri)
 	if err != nil {
 		return nil, fmt.Errorf("status: open key: %w", err)
 	}
-	defer s.Close()
+	defer closeKey(s, &err)
 	st := &Status{Key: s.Describe(), Receipts: []Receipt{}}
 	st.Attestable, st.Attestation = attestability(s)
 	if pc, ok := s.(PolicyChecker); ok {

@@ -32,7 +32,7 @@ type TrustOptions struct {
 // statement names it, and refuses an older statement. The Secret and the
 // worker patch follow. A re-run after a crash finds the statement already
 // saying so and completes without signing again.
-func (c *Ceremony) Trust(ctx context.Context, d Dir, o TrustOptions) (*Outcome, error) {
+func (c *Ceremony) Trust(ctx context.Context, d Dir, o TrustOptions) (_ *Outcome, err error) {
 	op := trustOp(o.Remove)
 	st, unlock, err := c.begin(d)
 	if err != nil {
@@ -47,7 +47,7 @@ func (c *Ceremony) Trust(ctx context.Context, d Dir, o TrustOptions) (*Outcome, 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	defer key.Close()
+	defer closeKey(key, &err)
 	statement, err := c.vouch(st, key, st.ca, accepted)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)

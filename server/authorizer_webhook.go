@@ -161,7 +161,7 @@ func (w *webhook) Decide(ctx context.Context, req *authz.Request) (*authz.Respon
 	if err != nil {
 		return nil, fmt.Errorf("ask %s: %w", w.name, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return nil, &badResponseError{fmt.Errorf("%s answered %s: %q", w.name, resp.Status, bytes.TrimSpace(msg))}

@@ -240,7 +240,7 @@ func (l *connListener) Run() error {
 			select {
 			case l.admitted <- tc:
 			case <-l.done:
-				tc.Close()
+				_ = tc.Close()
 				return nil
 			}
 		}
@@ -368,7 +368,7 @@ func (l *connListener) admit(c net.Conn) *trackedConn {
 	if victim != nil {
 		l.metrics.connClosed(reason)
 		l.state.event(reason, "connection limit reached: evicting unauthenticated connections (silent first, then the busiest addresses and prefixes)")
-		victim.Conn.Close()
+		_ = victim.Conn.Close()
 	}
 	return tc
 }
@@ -378,7 +378,7 @@ func (l *connListener) admit(c net.Conn) *trackedConn {
 func (l *connListener) refuse(c net.Conn, reason, msg string, attrs []any) {
 	l.metrics.connRefused(reason)
 	l.state.event(reason, msg, attrs...)
-	c.Close()
+	_ = c.Close()
 }
 
 // dropLocked forgets victim (if any) so that its slot is free for the
@@ -425,11 +425,14 @@ func (l *connListener) established(tc *trackedConn) {
 	}
 }
 
-// streamStarted records a request stream on tc.
+// streamStarted records a request stream on tc. It runs in the
+// connection's HTTP/2 reader for every request, so it takes no lock: the
+// listener's mutex was the most contended one under load (see
+// docs/performance.md), and only "any stream yet" is ever asked.
 func (l *connListener) streamStarted(tc *trackedConn) {
-	l.mu.Lock()
-	tc.streams++
-	l.mu.Unlock()
+	if !tc.sawStream.Load() {
+		tc.sawStream.Store(true)
+	}
 }
 
 // requestStarted records that tc carries a request that passed the token
@@ -470,7 +473,7 @@ func (l *connListener) closeUnauthenticated(tc *trackedConn, reason string) {
 	l.mu.Unlock()
 	if open {
 		l.metrics.connClosed(reason)
-		tc.Conn.Close()
+		_ = tc.Conn.Close()
 	}
 }
 

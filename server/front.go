@@ -148,7 +148,7 @@ func (f *FrontDoor) shutdown() {
 	f.cfg.Service.log.Info("shutting down: finishing requests in flight", "grace", f.cfg.ShutdownGrace.String())
 	f.stopWithin(cur, f.cfg.ShutdownGrace)
 	f.draining.Wait()
-	f.lis.Close()
+	_ = f.lis.Close()
 }
 
 // stopWithin stops s gracefully (GOAWAY, requests in flight finish), and

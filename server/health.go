@@ -230,7 +230,7 @@ func HealthHandler(r *Readiness, gatherer prometheus.Gatherer) http.Handler {
 	r.RegisterHealth(grpcHealth)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write([]byte("ok\n"))
+		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
 		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
@@ -243,7 +243,7 @@ func HealthHandler(r *Readiness, gatherer prometheus.Gatherer) http.Handler {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		w.Write([]byte("ok\n"))
+		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

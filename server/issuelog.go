@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
+	"time"
 
 	"github.com/steward-trustd/steward-trustd/internal/certlint"
 	"github.com/steward-trustd/steward-trustd/internal/issuelog"
@@ -56,4 +58,24 @@ func (s *Service) logDenied(ctx context.Context, rec auditRecord, err error) {
 	if b, merr := e.Marshal(); merr == nil {
 		_, _ = s.issueLog.Append(ctx, b) // a failure is reported by the log itself (one line per change, readiness)
 	}
+}
+
+// IssueLog is the log the service records its decisions in, nil if none;
+// the self-issuer logs the serving certificates in it.
+func (s *Service) IssueLog() IssueLog { return s.issueLog }
+
+// logServing records a self-issued serving certificate; it is served only
+// if this returns nil.
+func logServing(l IssueLog, cert *x509.Certificate, now time.Time) error {
+	if l == nil {
+		return nil
+	}
+	b, err := issuelog.Issued(now, string(certlint.Serving), cert.Raw, cert.SerialNumber.Text(16)).Marshal()
+	if err == nil {
+		_, err = l.Append(context.Background(), b)
+	}
+	if err != nil {
+		return &logError{err: err}
+	}
+	return nil
 }

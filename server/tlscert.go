@@ -88,6 +88,8 @@ type SelfIssuer struct {
 	Logger *slog.Logger
 	// Metrics, if set, records the certificate's expiry.
 	Metrics *Metrics
+	// IssueLog, if set, must hold each certificate before it is served.
+	IssueLog IssueLog
 }
 
 func (si *SelfIssuer) validity() time.Duration {
@@ -110,6 +112,9 @@ func (si *SelfIssuer) Issue() error {
 	issuer, chain := si.issuer()
 	hosts = permittedHosts(hosts, issuer)
 	cert, err := pki.NewServingCertificate(issuer, si.Signer, &key.PublicKey, hosts, si.validity(), clockOrDefault(si.Clock)(), randOrDefault(si.Rand))
+	if err == nil {
+		err = logServing(si.IssueLog, cert, clockOrDefault(si.Clock)())
+	}
 	if err != nil {
 		return fmt.Errorf("issue serving certificate: %w", err)
 	}

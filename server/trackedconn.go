@@ -5,28 +5,29 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // trackedConn is an admitted connection; closing it frees its slot. The
-// fields other than Conn, l and remote are guarded by l.mu.
+// fields other than Conn, l, remote and sawStream are guarded by l.mu.
 type trackedConn struct {
 	net.Conn
-	l        *connListener
-	remote   *connAddr // RemoteAddr: carries the connection's identity into gRPC
-	addr     netip.Addr
-	accepted time.Time
-	groups   []netip.Prefix // the address and its prefixes
-	known    bool           // the address passed a request recently
-	sentData bool           // sent its first bytes before it was accepted
-	setUp    bool           // TLS and HTTP/2 set-up done
-	state    string         // stateUnauthenticated, stateAuthenticated, stateIdle
-	active   int            // authenticated requests in flight
-	streams  int            // request streams seen
-	elem     *list.Element  // in the table's list for its state
-	timer    *time.Timer
-	gen      int // the current deadline; a timer of an older one does nothing
-	once     sync.Once
+	l         *connListener
+	remote    *connAddr // RemoteAddr: carries the connection's identity into gRPC
+	addr      netip.Addr
+	accepted  time.Time
+	groups    []netip.Prefix // the address and its prefixes
+	known     bool           // the address passed a request recently
+	sentData  bool           // sent its first bytes before it was accepted
+	setUp     bool           // TLS and HTTP/2 set-up done
+	state     string         // stateUnauthenticated, stateAuthenticated, stateIdle
+	active    int            // authenticated requests in flight
+	sawStream atomic.Bool    // a request stream began (set without l.mu)
+	elem      *list.Element  // in the table's list for its state
+	timer     *time.Timer
+	gen       int // the current deadline; a timer of an older one does nothing
+	once      sync.Once
 }
 
 // RemoteAddr is the peer's address, wrapped so that gRPC's per-stream
@@ -58,7 +59,7 @@ func (c *trackedConn) expire(gen int, reason string) {
 	c.l.mu.Unlock()
 	if open {
 		c.l.metrics.connClosed(reason)
-		c.Conn.Close()
+		_ = c.Conn.Close()
 	}
 }
 
@@ -86,7 +87,7 @@ func (c *trackedConn) Close() error {
 // "before_request"; "" for any other connection.
 func (c *trackedConn) abandonedLocked() string {
 	switch {
-	case c.state != stateUnauthenticated || c.streams > 0:
+	case c.state != stateUnauthenticated || c.sawStream.Load():
 		return ""
 	case !c.setUp:
 		return abandonedHandshake

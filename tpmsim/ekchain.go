@@ -10,7 +10,7 @@ import (
 
 // EKChain is a TPM state manufactured like a TPM vendor does it: an RSA
 // (and ECC) EK whose certificates, issued by a private swtpm-localca CA,
-// sit in NV (design notes §3.1).
+// sit in NV, where a verifier reads them as it would from a chip.
 type EKChain struct {
 	// StateDir is the TPM state; give it to SwtpmOptions.StateDir.
 	StateDir string

@@ -97,10 +97,10 @@ func serve(ctx context.Context, o options, stderr io.Writer) error {
 		return err
 	}
 	log.Info("steward-tpm-relay listening", "listen", ln.Addr().String(), "upstream", o.upstream, "latency", strings.Join(o.latency, ","))
-	go func() { <-ctx.Done(); ln.Close(); stopTCTI() }()
+	// Closing the listener is how Serve is told to return.
+	go func() { <-ctx.Done(); _ = ln.Close(); stopTCTI() }()
 	err = r.Serve(ln)
-	r.Close()
-	return err
+	return errors.Join(err, r.Close())
 }
 
 // serveTCTI serves --tcti-listen (if set): the relay on PORT and its
@@ -129,7 +129,8 @@ func serveTCTI(r *relay.Relay, addr string, log *slog.Logger) (func(), error) {
 			log.Error("steward-tpm-relay: tpm2-tools listener stopped", "error", err)
 		}
 	}()
-	return func() { data.Close(); ctrl.Close() }, nil
+	// Closing the listeners is how both loops are told to return.
+	return func() { _, _ = data.Close(), ctrl.Close() }, nil
 }
 
 func (o options) parse() (map[tpm2.TPMCC]time.Duration, error) {
@@ -183,7 +184,7 @@ func listen(addr string) (net.Listener, error) {
 		return ln, err
 	}
 	if c, derr := net.Dial("unix", addr); derr == nil {
-		c.Close()
+		_ = c.Close() // only probed whether someone answers
 		return nil, fmt.Errorf("%s: another process serves this socket; stop it or choose another --listen", addr)
 	}
 	if err := os.Remove(addr); err != nil {

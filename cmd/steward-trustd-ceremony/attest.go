@@ -2,7 +2,8 @@ package main
 
 // Key attestation of an existing single-tier CA key: `attest` on the TPM
 // host, `verify-attestation` on the auditor's machine, with the
-// activation round trip (issue 13, design notes §3).
+// activation round trip (TPM2_ActivateCredential, TPM 2.0 Part 3 §12.5)
+// that proves the attestation key is in the TPM of the EK.
 
 import (
 	"encoding/hex"
@@ -116,7 +117,7 @@ func readBounded(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	data, err := io.ReadAll(io.LimitReader(f, attestation.MaxFileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)

@@ -58,7 +58,8 @@ func intermediateRequestCmd(env *environment, stdout, stderr io.Writer) *cobra.C
 			if dir == "" {
 				dir = o.Out.Dir.Path("")
 			}
-			// A node key may live under PCR-policy authorities too (issue 12).
+			// A node key may live under policy authorities too, so that signed
+			// PCR approvals keep it usable across OS updates.
 			if o.Authorities, err = env.authorities(stderr, o.SignerURI, k.authorities); err != nil {
 				return err
 			}

@@ -1,6 +1,6 @@
 package main
 
-// Attested enrolment (issue 13): intermediate request --attest on the
+// Attested enrolment: intermediate request --attest on the
 // node, intermediate sign --ek-roots on the root's host, intermediate
 // install on the node.
 

@@ -23,9 +23,6 @@ import (
 	"github.com/steward-trustd/steward-trustd/signer"
 )
 
-// FileLogKey is the verifier key of a log, in its directory.
-const FileLogKey = "log.pub"
-
 func logCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "log",
@@ -36,7 +33,7 @@ directory, and signs checkpoints with a log key of its own, never the CA key.
 Owners pin the log key's verifier (log init prints it) and check the log
 with log verify; log prove shows that one certificate is in it.`,
 	}
-	c.AddCommand(logInitCmd(env, stdout, stderr), logVerifyCmd(stdout), logProveCmd(stdout))
+	c.AddCommand(logInitCmd(env, stdout, stderr), logVerifyCmd(stdout), logProveCmd(stdout), logWitnessCmd(env, stdout, stderr))
 	return c
 }
 
@@ -61,7 +58,7 @@ func logInitCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			defer s.Close()
+			defer func() { _ = s.Close() }() // the key is written; a close error changes nothing
 			if err := notTheCA(s, f.ca); err != nil {
 				return err
 			}
@@ -128,7 +125,7 @@ func writeLogKey(stdout io.Writer, s signer.Signer, dir, name string, force bool
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	path := filepath.Join(dir, FileLogKey)
+	path := filepath.Join(dir, issuelog.FileVerifier)
 	if err := atomicfile.Write(path, []byte(ns.Verifier()+"\n"), 0o644, force); err != nil {
 		return fmt.Errorf("log init: write %s: %w (pass --force to replace it)", path, err)
 	}
@@ -261,4 +258,64 @@ func prove(ctx context.Context, o logSource, certFile string) (*issuelog.Inclusi
 		return nil, fmt.Errorf("log prove: the log does not verify (%s): run log verify", r.Problems[0])
 	}
 	return issuelog.Prove(s, idx, r.Latest)
+}
+
+func logWitnessCmd(env *environment, stdout, stderr io.Writer) *cobra.Command {
+	var o logSource
+	var f struct {
+		signer, name, state string
+		create              bool
+	}
+	c := &cobra.Command{
+		Use:   "witness --log DIR|URL --key LOG_PUB --signer WITNESS_KEY_URI --name NAME --state DIR",
+		Short: "Cosign another replica's log checkpoint (C2SP cosignature/v1) after checking it against every checkpoint cosigned before",
+		Long: `log witness is run by one replica's operator against another replica's log. It
+verifies the log with its pinned key and against every checkpoint it cosigned before
+(kept in --state), so a log rewritten, cut or forked since is refused; then it
+cosigns the latest checkpoint with an Ed25519 witness key and prints it. Owners
+check the cosignature with the witness's verifier key (printed on stderr).`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cli.Required(map[string]string{"signer": f.signer, "name": f.name, "state": f.state}); err != nil {
+				return err
+			}
+			s, vkey, err := o.snapshot(cmd.Context())
+			if err != nil {
+				return err
+			}
+			key, err := witnessKey(cmd.Context(), env, stderr, f.signer, f.create)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = key.Close() }() // only read and signed with
+			w, err := issuelog.NewCosigner(f.name, key, env.clock)
+			if err != nil {
+				return cli.Usage(err)
+			}
+			out, r, err := issuelog.Witness(s, vkey, w, f.state)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stderr, "cosigned the checkpoint of size %d (%d checkpoints consistent); witness verifier key: %s\n", r.Latest.Size, r.Checkpoints, w.Verifier())
+			_, err = stdout.Write(out)
+			return err
+		},
+	}
+	o.register(c)
+	c.Flags().StringVar(&f.signer, "signer", "", "key URI of the witness's Ed25519 key (file: or pkcs11:; TPMs hold no Ed25519)")
+	c.Flags().StringVar(&f.name, "name", "", "the witness's name in its cosignatures, e.g. steward-trustd/node-b")
+	c.Flags().StringVar(&f.state, "state", "", "directory keeping the checkpoints this witness cosigned")
+	c.Flags().BoolVar(&f.create, "create", false, "create the Ed25519 witness key at --signer first")
+	return c
+}
+
+// witnessKey opens the witness key, or creates it with --create.
+func witnessKey(ctx context.Context, env *environment, stderr io.Writer, uri string, create bool) (signer.Signer, error) {
+	keys, err := env.keys(env.warnings.logger(stderr))
+	if err != nil {
+		return nil, err
+	}
+	if create {
+		return keys.Generate(ctx, uri, signer.Ed25519)
+	}
+	return keys.Open(ctx, uri)
 }

@@ -34,7 +34,7 @@ func TestLogCommands(t *testing.T) {
 		t.Errorf("a second log init over the key: %d %s", code, errOut)
 	}
 	certFile := writeLog(t, logDir, keyURI)
-	pub := filepath.Join(logDir, FileLogKey)
+	pub := filepath.Join(logDir, issuelog.FileVerifier)
 	if code, out, errOut := runCmd(t, "log", "verify", "--log", logDir, "--key", pub); code != 0 || !strings.Contains(out, "1 certificates") {
 		t.Fatalf("log verify: %d %s %s", code, out, errOut)
 	}
@@ -43,11 +43,20 @@ func TestLogCommands(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &in) != nil || in.Check() != nil || in.TreeSize != 3 {
 		t.Fatalf("log prove: %d %s %s", code, out, errOut)
 	}
+	state := filepath.Join(dir, "witness")
+	wkey := file.URI(filepath.Join(dir, "witness.key"))
+	code, out, errOut = runCmd(t, "log", "witness", "--log", logDir, "--key", pub, "--signer", wkey, "--create", "--name", "steward-trustd.test/b", "--state", state)
+	if code != 0 || !strings.Contains(errOut, "witness verifier key") || !strings.Contains(out, "— steward-trustd.test/b ") {
+		t.Fatalf("log witness: %d %s %s", code, out, errOut)
+	}
 	entries := filepath.Join(logDir, issuelog.FileEntries)
 	b, _ := os.ReadFile(entries)
 	os.WriteFile(entries, []byte(strings.Replace(string(b), `"event":"denied"`, `"event":"deniED"`, 1)), 0o644)
 	if code, out, _ := runCmd(t, "log", "verify", "--log", logDir, "--key", pub); code != 1 || !strings.Contains(out, "tampered entry") {
 		t.Errorf("a tampered log: %d %s", code, out)
+	}
+	if code, _, errOut := runCmd(t, "log", "witness", "--log", logDir, "--key", pub, "--signer", wkey, "--name", "steward-trustd.test/b", "--state", state); code != 1 || !strings.Contains(errOut, "tampered entry") {
+		t.Errorf("the witness cosigned a tampered log: %d %s", code, errOut)
 	}
 }
 

@@ -37,9 +37,10 @@ var commandOperations = map[string][]string{
 	"status":                  nil, // reads
 	"doctor":                  nil, // reads
 	"fleet check":             nil, // reads
-	"log init":                nil, // makes the log key on its device and writes log.pub beside the log, outside any ceremony directory
+	"log init":                nil, // writes log.pub into the log directory, no ceremony directory; an interrupted run resumes with --reuse-key
 	"log verify":              nil, // reads
 	"log prove":               nil, // reads
+	"log witness":             nil, // keeps the cosigned checkpoints in its own --state directory, not a ceremony directory
 }
 
 // TestEveryCommandHasItsOperations: every command the CLI can run is

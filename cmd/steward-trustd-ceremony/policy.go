@@ -96,7 +96,9 @@ func (e *environment) authorityKeys(ctx context.Context, stderr io.Writer, uris 
 			return nil, fmt.Errorf("open policy authority: %w%s", err, keystore.AuthorityHint(err))
 		}
 		pubs = append(pubs, s.Public())
-		s.Close()
+		if err := s.Close(); err != nil {
+			return nil, fmt.Errorf("close policy authority: %w", err)
+		}
 	}
 	return pubs, nil
 }
@@ -144,7 +146,7 @@ Choose rsa2048 (or larger) to sign systemd-measure approvals with the same key
 	return c
 }
 
-func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout, stderr io.Writer) error {
+func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout, stderr io.Writer) (err error) {
 	if err := cli.Required(map[string]string{"key": f.key}); err != nil {
 		return err
 	}
@@ -160,7 +162,7 @@ func (f *authorityCreateFlags) run(ctx context.Context, env *environment, stdout
 	if err != nil {
 		return fmt.Errorf("create the policy authority: %w", err)
 	}
-	defer s.Close()
+	defer func() { err = errors.Join(err, s.Close()) }()
 	a, err := tpmpolicy.NewAuthority(s.Public())
 	if err != nil {
 		return fmt.Errorf("the new key cannot be a policy authority: %w", err)
@@ -417,7 +419,7 @@ func readSmall(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer fh.Close()
+	defer func() { _ = fh.Close() }() // read only
 	data, err := io.ReadAll(io.LimitReader(fh, 1<<20+1))
 	if err == nil && len(data) > 1<<20 {
 		err = fmt.Errorf("%s: larger than 1 MiB", path)

@@ -1,6 +1,6 @@
 package main
 
-// Revocable approvals (issue 26): the --revocable flag of the commands
+// Revocable approvals: the --revocable flag of the commands
 // that create a key, policy revoke, and the epoch policy approve signs.
 
 import (

@@ -37,6 +37,11 @@ type config struct {
 	readyWindow    time.Duration
 	tokenForce     bool
 	authz          authorizerConfig
+
+	logMode     string // TRUSTD_LOG: required or off
+	logDir      string
+	logKey      string
+	logInterval time.Duration
 }
 
 // setting is one row of the configuration table: a flag, its environment
@@ -60,7 +65,7 @@ type setting struct {
 // between several settings goes into checkConfig. Then regenerate README's
 // table: STEWARD_UPDATE_README=1 go test ./cmd/steward-trustd -run TestREADMEConfigTable
 func (c *config) settings() []setting {
-	return append(append(append(c.listenSettings(), c.credentialSettings()...), append(c.limitSettings(), c.frontDoorSettings()...)...), c.authorizerSettings()...)
+	return append(append(append(c.listenSettings(), c.credentialSettings()...), append(c.limitSettings(), c.frontDoorSettings()...)...), append(c.logSettings(), c.authorizerSettings()...)...)
 }
 
 func (c *config) listenSettings() []setting {

@@ -12,7 +12,7 @@ import (
 // checkConfig applies the rules between settings and the defaults that
 // follow from other settings; the first broken rule is reported.
 func checkConfig(c *config) error {
-	for _, check := range []func(*config) error{checkCredentials, checkSigner, checkConns, checkAuthorizer} {
+	for _, check := range []func(*config) error{checkCredentials, checkSigner, checkConns, checkLog, checkAuthorizer} {
 		if err := check(c); err != nil {
 			return err
 		}

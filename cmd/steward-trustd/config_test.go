@@ -14,6 +14,7 @@ import (
 )
 
 func TestLoadConfig(t *testing.T) {
+	t.Parallel()
 	b64 := base64.StdEncoding.EncodeToString([]byte("pem"))
 	cases := []configCase{
 		{name: "defaults", check: func(t *testing.T, c *config) {
@@ -76,6 +77,7 @@ func TestLoadConfig(t *testing.T) {
 // configCase is one configuration and what loading it must give.
 // TestLoadConfigTrust covers the root pin and the forced token reload.
 func TestLoadConfigTrust(t *testing.T) {
+	t.Parallel()
 	runConfigCases(t, []configCase{
 		{name: "bad root pin", env: map[string]string{"TRUSTD_ROOT_SHA256": "abc"}, wantErr: "TRUSTD_ROOT_SHA256"},
 		{name: "bad token force", env: map[string]string{"TRUSTD_TOKEN_RELOAD_FORCE": "maybe"}, wantErr: "TRUSTD_TOKEN_RELOAD_FORCE"},
@@ -100,6 +102,7 @@ func runConfigCases(t *testing.T, cases []configCase) {
 	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 			registerFlags(fs)
 			if err := fs.Parse(tc.flags); err != nil {
@@ -128,6 +131,7 @@ func runConfigCases(t *testing.T, cases []configCase) {
 // TestLoadConfigFrontDoor covers the connection limits, the token set and
 // the bare booleans.
 func TestLoadConfigFrontDoor(t *testing.T) {
+	t.Parallel()
 	runConfigCases(t, []configCase{
 		{name: "bare booleans", flags: []string{"--debug", "--require-peer-ip"}, check: func(t *testing.T, c *config) {
 			if !c.debug || !c.peerIP {

@@ -77,6 +77,7 @@ type daemon struct {
 	authzFile  *server.FileDecider
 	health     *http.Server
 	healthLn   net.Listener
+	issueLog   *issueLog
 }
 
 func newDaemon(cfg *config, sgn signer.Signer, log *slog.Logger) (*daemon, error) {
@@ -87,12 +88,16 @@ func newDaemon(cfg *config, sgn signer.Signer, log *slog.Logger) (*daemon, error
 	d.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := server.NewMetrics(d.registry, desc.Backend, desc.Extractable)
 	d.readiness = server.NewReadiness(sgn, cfg.readyWindow, nil, metrics)
-	svc, holder, err := d.newService(sgn, metrics)
-	if err != nil {
+	var err error
+	if d.issueLog, err = openIssueLog(context.Background(), cfg, log, d.registry); err != nil {
 		return nil, err
 	}
-	if err := d.listen(svc, holder); err != nil {
-		return nil, err
+	svc, holder, err := d.newService(sgn, metrics)
+	if err == nil {
+		err = d.listen(svc, holder)
+	}
+	if err != nil {
+		return nil, errors.Join(err, d.issueLog.Close())
 	}
 	return d, nil
 }
@@ -127,6 +132,7 @@ func (d *daemon) newService(sgn signer.Signer, metrics *server.Metrics) (*server
 		RateLimits:  cfg.rates,
 		Metrics:     metrics,
 		Readiness:   d.readiness,
+		IssueLog:    issueLogOf(d.issueLog),
 		Authorizer:  authorizer,
 	})
 	if err != nil {
@@ -166,13 +172,16 @@ func (d *daemon) listen(svc *server.Service, holder *server.CertHolder) error {
 		ShutdownGrace: shutdownGrace,
 	})
 	d.readiness.AddCheck(d.front.Check)
+	if d.issueLog != nil {
+		d.readiness.AddCheck(logReady(d.issueLog))
+	}
 	d.readiness.OnSignerNotReady(d.front.Drain, d.log)
 	if d.cfg.healthAddr == "" {
 		return nil
 	}
-	d.health = server.NewHealthServer(d.cfg.healthAddr, server.HealthHandler(d.readiness, d.registry))
+	d.health = server.NewHealthServer(d.cfg.healthAddr, withLogHandler(d.issueLog, server.HealthHandler(d.readiness, d.registry)))
 	if d.healthLn, err = net.Listen("tcp", d.cfg.healthAddr); err != nil {
-		ln.Close()
+		err = errors.Join(err, ln.Close())
 		return fmt.Errorf("listen on health address %s: %w", d.cfg.healthAddr, err)
 	}
 	return nil
@@ -195,8 +204,12 @@ func (d *daemon) run(ctx context.Context) error {
 		g.Go(func() error { return serveHealth(gctx, d.health, d.healthLn) })
 		d.log.Info("health and metrics listening", "address", d.healthLn.Addr().String())
 	}
-	d.log.Info("steward-trustd listening", "address", d.front.Addr().String(), "version", version)
-	if err := g.Wait(); err != nil {
+	d.log.Info("steward-trustd listening", "address", d.front.Addr().String(), "version", version, "issuance_log", d.cfg.logDescription())
+	err := g.Wait()
+	if d.issueLog != nil {
+		err = errors.Join(err, d.issueLog.Close())
+	}
+	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	return nil
@@ -267,6 +280,7 @@ func setupServingCert(cfg *config, dir server.CertDir, holder *server.CertHolder
 		Hosts:       func() ([]string, error) { return servingHosts(cfg.certSANs, log) },
 		Logger:      log,
 		Metrics:     m,
+		IssueLog:    svc.IssueLog(),
 	}
 	if err := si.Issue(); err != nil {
 		return nil, d, err

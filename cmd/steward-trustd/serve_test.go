@@ -3,11 +3,7 @@ package main
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
 	"io"
@@ -19,11 +15,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	securityapi "github.com/siderolabs/talos/pkg/machinery/api/security"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 
 	"github.com/steward-trustd/steward-trustd/internal/certdir"
 	"github.com/steward-trustd/steward-trustd/internal/devtest"
@@ -157,26 +148,8 @@ func listeningAddress(t *testing.T, logs *devtest.LockedBuffer, msg string) stri
 }
 
 func request(t *testing.T, addr string, caPEM []byte, token string) error {
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{DNSNames: []string{"w"}}, key)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "token", token), 10*time.Second)
-	defer cancel()
-	_, err = securityapi.NewSecurityServiceClient(conn).Certificate(ctx, &securityapi.CertificateRequest{
-		Csr: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
-	})
+	t.Helper()
+	_, err := requestCert(addr, caPEM, token)
 	return err
 }
 

@@ -89,7 +89,7 @@ func (c *resolver) object(path string) error {
 	if err != nil {
 		return fmt.Errorf("read %s: %w", path, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	if f.Machine != c.machine {
 		return fmt.Errorf("%s is %v, want %v (built for another architecture?)", path, f.Machine, c.machine)
 	}

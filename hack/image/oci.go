@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -158,7 +159,7 @@ func reportSize(w io.Writer, b platformBin, img v1.Image) error {
 			return err
 		}
 		u, err := io.Copy(io.Discard, rc)
-		rc.Close()
+		err = errors.Join(err, rc.Close())
 		if err != nil {
 			return err
 		}

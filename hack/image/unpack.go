@@ -25,7 +25,9 @@ func unpack(dir, tag, arch, root string) error {
 		return err
 	}
 	rc := mutate.Extract(img)
-	defer rc.Close()
+	// Closing the reader of the export stops its writer; what was read
+	// was checked by tar already.
+	defer func() { _ = rc.Close() }()
 	tr := tar.NewReader(rc)
 	for {
 		h, err := tr.Next()

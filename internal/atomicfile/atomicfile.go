@@ -51,7 +51,7 @@ func write(path string, data []byte, perm os.FileMode, overwrite bool) error {
 	if err != nil {
 		return writeNamed(path, data, perm, overwrite)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // fill synced it: closing cannot lose data
 	if err := fill(f, data, perm); err != nil {
 		return err
 	}
@@ -65,8 +65,7 @@ func write(path string, data []byte, perm os.FileMode, overwrite bool) error {
 	}
 	crashpoint.At("atomicfile.linked")
 	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
+		return errors.Join(err, os.Remove(tmp))
 	}
 	return nil
 }
@@ -78,7 +77,7 @@ func writeNamed(path string, data []byte, perm os.FileMode, overwrite bool) erro
 		return err
 	}
 	tmp := f.Name()
-	defer os.Remove(tmp) // no-op once renamed; removes the link source otherwise
+	defer func() { _ = os.Remove(tmp) }() // no-op once renamed; removes the link source otherwise
 	err = fill(f, data, perm)
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -113,6 +112,20 @@ func tempPattern(path string) string {
 // and returns their paths. Call it only while no other process writes
 // into dir: the ceremony holds its directory lock.
 func RemoveStaleTemps(dir string) ([]string, error) {
+	return removeTemps(dir, "")
+}
+
+// RemoveStaleTempsOf removes the temporary files killed Writes of path
+// left beside it (".<base of path>.tmp-<suffix>") and returns their
+// paths: for a file written in a directory that no lock's cleanup
+// covers. Call it only while no other process writes path.
+func RemoveStaleTempsOf(path string) ([]string, error) {
+	return removeTemps(filepath.Dir(path), "."+filepath.Base(path)+tempInfix)
+}
+
+// removeTemps removes this package's temporary files in dir whose names
+// start with prefix.
+func removeTemps(dir, prefix string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -122,7 +135,7 @@ func RemoveStaleTemps(dir string) ([]string, error) {
 	}
 	var removed []string
 	for _, e := range entries {
-		if !e.Type().IsRegular() || !isTempName(e.Name()) {
+		if !e.Type().IsRegular() || !isTempName(e.Name()) || !strings.HasPrefix(e.Name(), prefix) {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())
@@ -159,7 +172,7 @@ func syncDir(dir string) error {
 	if err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // read only, for Sync
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}

@@ -72,3 +72,22 @@ func TestNoNamedTemporary(t *testing.T) {
 		t.Errorf("left %v, want the 4 other names", ents)
 	}
 }
+
+// TestRemoveStaleTempsOf removes the temporary files of one path only:
+// another file's temporary in the same directory, and names that only
+// look alike, stay.
+func TestRemoveStaleTempsOf(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{".ca.tpmkey.creation.json.tmp-1f2e", ".ca.tpmkey.creation.json.tmp-42", ".ca.tpmkey.tmp-99", ".other.json.tmp-7", "ca.tpmkey.creation.json", ".ca.tpmkey.creation.json.tmp-zz"} {
+		if err := os.WriteFile(filepath.Join(dir, n), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := RemoveStaleTempsOf(filepath.Join(dir, "ca.tpmkey.creation.json"))
+	if err != nil || len(removed) != 2 {
+		t.Fatalf("removed %v, %v; want the record's two temporary files", removed, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 4 {
+		t.Errorf("left %v, want the 4 other names", ents)
+	}
+}

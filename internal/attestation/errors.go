@@ -8,7 +8,8 @@ import (
 // Check names one verifier check; a refusal names the check that failed.
 type Check string
 
-// The checks, in the order Verify runs them (design notes §3.3).
+// The checks, in the order Verify runs them: each relies on what the
+// ones before it proved.
 const (
 	CheckEKCertificate  Check = "ek-certificate"     // chains to an EK root, has the EK EKU
 	CheckEKPublic       Check = "ek-public"          // the EK area is the TCG RSA template with the certificate's key

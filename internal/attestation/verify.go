@@ -65,7 +65,7 @@ type verified struct {
 	res      Result
 }
 
-// Verify runs every check of design notes §3.3 on e and returns what it
+// Verify runs every Check on e, in order, and returns what it
 // proved, or a *CheckError naming the first check that failed.
 func Verify(e *Evidence, o Options) (*Result, error) {
 	if len(o.QualifyingData) == 0 || o.PublicKey == nil {

@@ -1,13 +1,13 @@
 // Package certlint checks a certificate before the CA key signs it: the
 // RFC 5280 family of github.com/zmap/zlint/v3 (the lint sources that
 // apply to a private PKI, see registry.go) plus the Talos profile lints
-// of this project (talos.go). The caller lints a copy of the certificate
-// signed by a throwaway key of the CA key's algorithm (ThrowawayKey), so
-// the to-be-signed bytes it lints are the ones the device will sign.
+// of this project (talos.go). The caller lints the to-be-signed bytes the
+// device will sign, assembled with a placeholder signature (internal/pki's
+// lintingSigner), before the device is asked.
 //
 // Lint errors refuse the certificate; warnings and notices are reported
 // for the caller to count. The package keeps no mutable state: the lint
-// registry and the throwaway keys are computed once and never change.
+// registry is computed once and never changes.
 package certlint
 
 import (
@@ -53,7 +53,7 @@ type Result struct {
 	Errors []Finding
 	// Warnings (zlint warnings and notices) do not.
 	Warnings []Finding
-	// Linted is the certificate as linted (signed by the throwaway key).
+	// Linted is the certificate as linted (with a placeholder signature).
 	Linted *x509.Certificate
 }
 
@@ -95,7 +95,7 @@ func names(fs []Finding) []string {
 	return slices.Compact(out)
 }
 
-// Check lints cert (DER, signed by a throwaway key) as kind, issued by
+// Check lints cert (DER, its signature a placeholder) as kind, issued by
 // issuer (nil for a self-signed certificate).
 func Check(der []byte, kind Kind, issuer *x509.Certificate) (Result, error) {
 	cert, err := x509.ParseCertificate(der)

@@ -191,12 +191,12 @@ func checkTarget(ctx context.Context, r *Report, o Options, roots *x509.CertPool
 	_ = tc.SetDeadline(time.Now().Add(o.Timeout))
 	err = tc.HandshakeContext(ctx)
 	if err != nil {
-		tc.Close()
+		_ = tc.Close()
 		r.add(Step{Name: "tls handshake", Target: label, Detail: err.Error(), Hint: "the port answers but not with TLS as trustd does: is something else listening on " + addr + "?"})
 		return
 	}
 	st := tc.ConnectionState()
-	tc.Close()
+	_ = tc.Close()
 	leaf := st.PeerCertificates[0]
 	inter := x509.NewCertPool()
 	for _, c := range st.PeerCertificates[1:] {
@@ -233,7 +233,7 @@ func checkRPC(ctx context.Context, r *Report, o Options, tlsCfg *tls.Config, add
 		r.add(Step{Name: "token", Target: label, Detail: err.Error()})
 		return
 	}
-	defer cc.Close()
+	defer func() { _ = cc.Close() }()
 	rctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	resp, err := workerclient.Request(rctx, cc, o.Config.Token, csrPEM)

@@ -158,7 +158,7 @@ func (c *Checker) handshake(ctx context.Context, node string) (*handshake, error
 		// the client's handshake ends; read its verdict, briefly.
 		_ = conn.SetReadDeadline(time.Now().Add(min(c.Timeout, time.Second)))
 		_, _ = conn.Read(make([]byte, 1))
-		conn.Close()
+		_ = conn.Close()
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -56,7 +56,7 @@ func get(ctx context.Context, c *http.Client, url string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fetch log: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read to the end or bounded; nothing to report
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("fetch %s: %s", url, resp.Status)
 	}

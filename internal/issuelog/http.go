@@ -52,7 +52,7 @@ func (l *Log) serve(w http.ResponseWriter, r *http.Request) {
 	if immutable {
 		w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
 	}
-	w.Write(body)
+	_, _ = w.Write(body) // a client that went away is not the log's failure
 }
 
 // resource is the content at p and whether it never changes.

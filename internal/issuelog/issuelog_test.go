@@ -291,3 +291,41 @@ func TestServedLogVerifies(t *testing.T) {
 		t.Errorf("POST: %v %v", err, resp)
 	}
 }
+
+// TestWitnessCatchesARewrite: another replica's operator cosigns the
+// log's checkpoints (C2SP cosignature/v1); after the log is rewritten and
+// re-signed at the same size, the witness refuses to cosign, naming the fork.
+func TestWitnessCatchesARewrite(t *testing.T) {
+	dir, state := t.TempDir(), t.TempDir()
+	s := newSigner(t, ecKey(t))
+	fill(t, dir, s, 6)
+	_, wkey, _ := ed25519.GenerateKey(rand.Reader)
+	w, err := NewCosigner("steward-trustd.test/witness-b", wkey, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, _ := ReadDir(dir)
+	cosigned, _, err := Witness(snap, s.Verifier(), w, state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CheckCosignature(cosigned, w.Verifier()); err != nil {
+		t.Fatalf("cosignature: %v\n%s", err, cosigned)
+	}
+	if _, err := ParseCheckpoint(cosigned, s.Verifier()); err != nil {
+		t.Fatalf("the cosigned checkpoint no longer verifies under the log key: %v", err)
+	}
+	fill(t, dir, s, 2) // the log grows honestly: cosigned again
+	snap, _ = ReadDir(dir)
+	if _, _, err := Witness(snap, s.Verifier(), w, state); err != nil {
+		t.Fatalf("an honest append refused: %v", err)
+	}
+	rewriteEntries(t, dir, func(e [][]byte) [][]byte { e[2] = []byte(`{"v":1,"event":"denied","reason":"rewritten"}`); return e })
+	os.RemoveAll(filepath.Join(dir, DirCheckpoints))
+	os.Remove(filepath.Join(dir, FileCheckpoint))
+	fill(t, dir, s, 0) // the host's log key signs the new history
+	snap, _ = ReadDir(dir)
+	if _, r, err := Witness(snap, s.Verifier(), w, state); err == nil || !strings.Contains(err.Error(), "forked log") {
+		t.Fatalf("a rewritten log was cosigned: %v %+v", err, r)
+	}
+}

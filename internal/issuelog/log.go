@@ -39,6 +39,7 @@ const (
 	FileEntries     = "entries.log"
 	FileCheckpoint  = "checkpoint"
 	DirCheckpoints  = "checkpoints"
+	FileVerifier    = "log.pub" // the verifier key, written by steward-trustd-ceremony log init
 	defaultInterval = time.Second
 	defaultBatch    = 1024
 	maxGroup        = 512 // entries per fsync
@@ -110,8 +111,7 @@ func Open(dir string, opt Options) (*Log, error) {
 	}
 	l := &Log{dir: dir, f: f, opt: opt, reqs: make(chan *appendReq, maxGroup), kick: make(chan struct{}, 1), stop: make(chan struct{})}
 	if err := l.load(); err != nil {
-		f.Close()
-		return nil, err
+		return nil, errors.Join(err, f.Close())
 	}
 	l.wg.Add(2)
 	go l.writer()

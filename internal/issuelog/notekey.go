@@ -86,10 +86,11 @@ func encodeKey(pub crypto.PublicKey) (byte, []byte, error) {
 }
 
 // keyID is the signed-note key ID: SHA-256(name || 0x0A || type || key)
-// for Ed25519, SHA-256(SPKI) for ECDSA, first four bytes, big-endian.
+// for Ed25519 and cosignatures, SHA-256(SPKI) for ECDSA, first four
+// bytes, big-endian.
 func keyID(name string, typ byte, pub []byte) uint32 {
 	h := sha256.New()
-	if typ == sigEd25519 {
+	if typ != sigECDSA {
 		h.Write([]byte(name + "\n"))
 		h.Write([]byte{typ})
 	}
@@ -110,17 +111,11 @@ type noteVerifier struct {
 
 // NewVerifier parses a verifier key as NoteSigner.Verifier prints it.
 func NewVerifier(vkey string) (note.Verifier, error) {
-	name, rest, ok1 := strings.Cut(strings.TrimSpace(vkey), "+")
-	idHex, b64, ok2 := strings.Cut(rest, "+")
-	id, err := strconv.ParseUint(idHex, 16, 32)
-	if !ok1 || !ok2 || err != nil || len(idHex) != 8 || !validName(name) {
-		return nil, errors.New("log verifier key: want NAME+KEYID+BASE64 as printed by steward-trustd-ceremony log init")
+	name, id, raw, err := splitVerifier(vkey)
+	if err != nil {
+		return nil, err
 	}
-	raw, err := base64.StdEncoding.DecodeString(b64)
-	if err != nil || len(raw) < 2 {
-		return nil, errors.New("log verifier key: the key part is not base64 of a type byte and a public key")
-	}
-	v := &noteVerifier{name: name, id: uint32(id)}
+	v := &noteVerifier{name: name, id: id}
 	if v.pub, err = decodeKey(raw[0], raw[1:]); err != nil {
 		return nil, err
 	}
@@ -128,6 +123,21 @@ func NewVerifier(vkey string) (note.Verifier, error) {
 		return nil, errors.New("log verifier key: the key ID does not match the key (copied wrongly?)")
 	}
 	return v, nil
+}
+
+// splitVerifier splits NAME+KEYID+BASE64 into its parts.
+func splitVerifier(vkey string) (string, uint32, []byte, error) {
+	name, rest, ok1 := strings.Cut(strings.TrimSpace(vkey), "+")
+	idHex, b64, ok2 := strings.Cut(rest, "+")
+	id, err := strconv.ParseUint(idHex, 16, 32)
+	if !ok1 || !ok2 || err != nil || len(idHex) != 8 || !validName(name) {
+		return "", 0, nil, errors.New("verifier key: want NAME+KEYID+BASE64 as printed by steward-trustd-ceremony log init or log witness")
+	}
+	raw, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil || len(raw) < 2 {
+		return "", 0, nil, errors.New("verifier key: the key part is not base64 of a type byte and a public key")
+	}
+	return name, uint32(id), raw, nil
 }
 
 func decodeKey(typ byte, b []byte) (crypto.PublicKey, error) {

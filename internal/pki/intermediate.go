@@ -75,7 +75,7 @@ func NewIntermediateCertificate(root *x509.Certificate, rootKey crypto.Signer, p
 // CheckServerAuthCA checks one certificate of an issuer chain: a CA whose
 // ExtKeyUsage is exactly [ServerAuth]. No EKU, or one with ClientAuth or
 // Any, would let a client certificate minted under it pass apid's
-// ClientAuth check (design notes §1.4, the negative control).
+// ClientAuth check (TestServerAuthIntermediateCannotMintClientCerts).
 func CheckServerAuthCA(c *x509.Certificate) error {
 	if !c.IsCA || !c.BasicConstraintsValid {
 		return fmt.Errorf("certificate %q is not a CA", c.Subject)

@@ -42,6 +42,7 @@ func newTier(t *testing.T, now time.Time, o IntermediateOptions) tier {
 }
 
 func TestIntermediateProfile(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	_, cidr, _ := net.ParseCIDR("10.0.0.0/8")
 	tr := newTier(t, now, IntermediateOptions{Subject: pkix.Name{CommonName: "node-a"}, PermittedIPRanges: []*net.IPNet{cidr}})
@@ -65,6 +66,7 @@ func TestIntermediateProfile(t *testing.T) {
 // (notes §1.4): a client certificate under the intermediate does not
 // verify for ClientAuth to the root; one from the root does.
 func TestServerAuthIntermediateCannotMintClientCerts(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	tr := newTier(t, now, IntermediateOptions{})
 	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -88,6 +90,7 @@ func TestServerAuthIntermediateCannotMintClientCerts(t *testing.T) {
 }
 
 func TestCheckIssuerChain(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	tr := newTier(t, now, IntermediateOptions{})
 	other := newTier(t, now, IntermediateOptions{})
@@ -161,6 +164,7 @@ func outliving(t *testing.T, tr tier, now time.Time) *x509.Certificate {
 // what a compromised node would do), but Go's verifier — talosctl's —
 // refuses the chain for an address outside the ranges.
 func TestNameConstraintsBindACompromisedIntermediate(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	_, ranges, _ := net.ParseCIDR("10.0.0.0/8")
 	tr := newTier(t, now, IntermediateOptions{PermittedIPRanges: []*net.IPNet{ranges}})

@@ -23,6 +23,7 @@ func rsaOfBits(bits int) *rsa.PublicKey {
 }
 
 func TestCheckRequestKey(t *testing.T) {
+	t.Parallel()
 	p256, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	p224, _ := ecdsa.GenerateKey(elliptic.P224(), rand.Reader)
 	edPub, _, _ := ed25519.GenerateKey(rand.Reader)
@@ -59,6 +60,7 @@ func TestCheckRequestKey(t *testing.T) {
 }
 
 func TestAllowsClientAuth(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		eku  []x509.ExtKeyUsage
@@ -89,6 +91,7 @@ func TestAllowsClientAuth(t *testing.T) {
 }
 
 func TestValidity(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ca := &x509.Certificate{NotAfter: now.Add(10 * time.Hour)}
 	tests := []struct {
@@ -120,6 +123,7 @@ func TestValidity(t *testing.T) {
 }
 
 func TestVerifySignature(t *testing.T) {
+	t.Parallel()
 	msg := []byte("steward-trustd key ceremony check")
 	p256, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	_, ed, _ := ed25519.GenerateKey(rand.Reader)
@@ -145,6 +149,7 @@ func TestVerifySignature(t *testing.T) {
 }
 
 func TestClientCertificateRefusesWeakKeys(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	ca, err := NewCACertificate(key, CAOptions{Cluster: "c"}, now, rand.Reader)
@@ -163,6 +168,7 @@ func sha256Sum(b []byte) []byte {
 }
 
 func TestParseFingerprint(t *testing.T) {
+	t.Parallel()
 	hex64 := strings.Repeat("ab", 32)
 	for _, tc := range []struct {
 		in, want string

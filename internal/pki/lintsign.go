@@ -3,11 +3,13 @@ package pki
 import (
 	"bytes"
 	"crypto"
-	"crypto/rand"
+	"crypto/ed25519"
+	"crypto/rsa"
 	"crypto/x509"
 	"encoding/asn1"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 
 	"github.com/steward-trustd/steward-trustd/internal/certlint"
@@ -18,125 +20,141 @@ import (
 // as a certificate.
 var ErrLintTBSMismatch = errors.New("signed certificate differs from the linted one")
 
-// lintThenSign is the only way a CA key signs a certificate here: the
-// complete certificate is first signed by a throwaway key of the CA key's
-// algorithm and linted (internal/certlint); a lint error returns a
-// *certlint.Error before the device is asked. Then exactly the linted
-// to-be-signed bytes are signed by the CA key and assembled into the
-// certificate (RFC 5280 §4.1), and the result is checked as Boulder does:
-// its TBS must equal the linted one and the signature must verify. It
-// returns the DER certificate and the names of the lints that warned.
+// lintThenSign is the only way a CA key signs a certificate here:
+// x509.CreateCertificate encodes the complete certificate and hands its
+// to-be-signed bytes to a lintingSigner, which lints them
+// (internal/certlint) and returns a *certlint.Error before the device is
+// asked; only then does the CA key sign exactly those bytes, and x509
+// checks the new signature against the CA key, catching a faulty device.
+// The result is checked as Boulder does: its TBS must equal the linted
+// one (RFC 5280 §4.1). It returns the DER certificate and the names of
+// the lints that warned.
+//
+// Linting inside the signing call (crypto.MessageSigner) costs no
+// signature of its own: the earlier design signed a copy with a throwaway
+// key, which x509 then verified, two ECDSA operations per certificate on
+// top of the three a certificate needs (CSR check, signature, x509's check).
 func lintThenSign(is issuance) ([]byte, []string, error) {
-	linted, res, err := lintCopy(is)
-	if err != nil {
-		return nil, nil, err
+	ls := &lintingSigner{is: is}
+	parent := is.ca
+	if parent == nil {
+		parent = is.tmpl
 	}
-	if err := res.Err(is.kind); err != nil {
-		return nil, nil, err
+	der, err := x509.CreateCertificate(is.rand, is.tmpl, parent, is.pub, ls)
+	switch {
+	case ls.lintErr != nil:
+		return nil, nil, ls.lintErr
+	case err != nil && ls.signed:
+		return nil, nil, fmt.Errorf("sign certificate: the signing device returned a signature that does not verify: %w", err)
+	case err != nil:
+		return nil, nil, fmt.Errorf("sign certificate: %w", err)
 	}
-	sig, err := signTBS(is, linted)
-	if err != nil {
-		return nil, nil, err
+	if !bytes.Equal(tbsOf(der), ls.linted) {
+		return nil, nil, ErrLintTBSMismatch
 	}
-	der, err := assemble(linted, sig)
-	if err != nil {
-		return nil, nil, err
-	}
-	return der, res.WarningNames(), nil
+	return der, ls.warnings, nil
 }
 
-// lintCopy builds the certificate signed by a throwaway key and lints it.
-// The parent is the issuer with the throwaway public key (x509 refuses a
-// signer that is not the parent's key); names, key identifiers and the
-// signature algorithm are unchanged, so the TBS is the real one.
-func lintCopy(is issuance) (*x509.Certificate, certlint.Result, error) {
-	throwaway, err := certlint.ThrowawayKey(is.key.Public())
-	if err != nil {
-		return nil, certlint.Result{}, err
-	}
-	parent := is.tmpl
-	if is.ca != nil {
-		p := *is.ca
-		p.PublicKey = throwaway.Public()
-		parent = &p
-	}
-	der, err := x509.CreateCertificate(rand.Reader, is.tmpl, parent, is.pub, throwaway)
-	if err != nil {
-		return nil, certlint.Result{}, fmt.Errorf("build certificate to lint: %w", err)
-	}
-	res, err := certlint.Check(der, is.kind, is.ca)
-	if err != nil {
-		return nil, certlint.Result{}, err
-	}
-	return res.Linted, res, nil
+// lintingSigner is the CA key as x509.CreateCertificate sees it: given
+// the to-be-signed bytes (crypto.MessageSigner), it lints them and signs
+// them with the CA key only if no lint refuses.
+type lintingSigner struct {
+	is       issuance
+	linted   []byte // the TBS as linted and signed
+	warnings []string
+	lintErr  error // a lint refused, or the lint could not run
+	signed   bool  // the CA key returned a signature
 }
 
-// signTBS has the CA key sign the linted TBS with the digest its
-// signature algorithm names (Ed25519 signs the message itself, RFC 8410)
-// and checks the signature against the CA key, catching a faulty device.
-func signTBS(is issuance, linted *x509.Certificate) ([]byte, error) {
-	h, err := tbsHash(linted.SignatureAlgorithm)
-	if err != nil {
+// Public is the CA key's: x509 picks the signature algorithm by it and
+// verifies the new signature with it.
+func (l *lintingSigner) Public() crypto.PublicKey { return l.is.key.Public() }
+
+// Sign is never called: x509 signs through SignMessage.
+func (l *lintingSigner) Sign(io.Reader, []byte, crypto.SignerOpts) ([]byte, error) {
+	return nil, errors.New("sign certificate: the lint step needs the message, not a digest")
+}
+
+// SignMessage lints tbs, then has the CA key sign it with the digest x509
+// chose (Ed25519 signs the message itself, RFC 8410).
+func (l *lintingSigner) SignMessage(r io.Reader, tbs []byte, opts crypto.SignerOpts) ([]byte, error) {
+	if err := l.lint(tbs); err != nil {
+		l.lintErr = err
 		return nil, err
 	}
-	msg := linted.RawTBSCertificate
-	if h != 0 {
+	msg := tbs
+	if h := opts.HashFunc(); h != 0 {
 		d := h.New()
-		d.Write(msg)
+		d.Write(tbs)
 		msg = d.Sum(nil)
 	}
-	sig, err := is.key.Sign(is.rand, msg, h)
+	sig, err := l.is.key.Sign(r, msg, opts)
 	if err != nil {
 		return nil, fmt.Errorf("sign certificate: %w", err)
 	}
-	check := &x509.Certificate{PublicKey: is.key.Public()}
-	if err := check.CheckSignature(linted.SignatureAlgorithm, linted.RawTBSCertificate, sig); err != nil {
-		return nil, fmt.Errorf("sign certificate: the signing device returned a signature that does not verify: %w", err)
-	}
+	l.signed = true
 	return sig, nil
 }
 
-// tbsHash is the digest x509 uses for the signature algorithm it picks
-// for a CA key (crypto/x509 signingParamsForKey).
-func tbsHash(alg x509.SignatureAlgorithm) (crypto.Hash, error) {
-	switch alg {
-	case x509.PureEd25519:
-		return 0, nil
-	case x509.SHA256WithRSA, x509.ECDSAWithSHA256:
-		return crypto.SHA256, nil
-	case x509.SHA384WithRSA, x509.ECDSAWithSHA384:
-		return crypto.SHA384, nil
-	case x509.SHA512WithRSA, x509.ECDSAWithSHA512:
-		return crypto.SHA512, nil
+// lint checks the certificate made of tbs and a placeholder signature.
+func (l *lintingSigner) lint(tbs []byte) error {
+	der, err := certificateOf(tbs, placeholderSignature(l.is.key.Public()))
+	if err != nil {
+		return err
 	}
-	return 0, fmt.Errorf("sign certificate: unsupported signature algorithm %s", alg)
+	res, err := certlint.Check(der, l.is.kind, l.is.ca)
+	if err != nil {
+		return err
+	}
+	if err := res.Err(l.is.kind); err != nil {
+		return err
+	}
+	l.linted, l.warnings = slices.Clone(tbs), res.WarningNames()
+	return nil
 }
 
-// assemble puts the CA key's signature on the linted TBS, as RFC 5280
-// §4.1's Certificate: SEQUENCE { tbsCertificate, signatureAlgorithm,
-// signatureValue BIT STRING }. The TBS and algorithm are copied from the
-// linted certificate, never re-encoded; afterwards the certificate's TBS
-// is checked to be byte for byte the linted one.
-func assemble(linted *x509.Certificate, sig []byte) ([]byte, error) {
-	var outer asn1.RawValue
-	if _, err := asn1.Unmarshal(linted.Raw, &outer); err != nil {
-		return nil, fmt.Errorf("split linted certificate: %w", err)
+// placeholderSignature stands in for the CA key's signature in the copy
+// that is linted, well-formed for the key's algorithm and never verified:
+// an ECDSA-Sig-Value (1, 1) (RFC 3279 §2.2.3), a zero Ed25519 signature
+// (RFC 8032), a zero RSA block of the modulus' size (RFC 8017).
+func placeholderSignature(pub crypto.PublicKey) []byte {
+	switch k := pub.(type) {
+	case ed25519.PublicKey:
+		return make([]byte, ed25519.SignatureSize)
+	case *rsa.PublicKey:
+		return make([]byte, k.Size())
 	}
-	var tbs, alg asn1.RawValue
-	rest, err := asn1.Unmarshal(outer.Bytes, &tbs)
-	if err == nil {
-		_, err = asn1.Unmarshal(rest, &alg)
-	}
+	return []byte{0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01, 0x01}
+}
+
+// certificateOf assembles tbs and sig into a certificate; the signature
+// algorithm is the one the TBS names (RFC 5280 §4.1.1.2: they must match).
+func certificateOf(tbs, sig []byte) ([]byte, error) {
+	alg, err := tbsSignatureAlgorithm(tbs)
 	if err != nil {
-		return nil, fmt.Errorf("split linted certificate: %w", err)
+		return nil, err
 	}
-	bitString := derTLV(0x03, append([]byte{0}, sig...)) // no unused bits
-	body := slices.Concat(tbs.FullBytes, alg.FullBytes, bitString)
-	der := derTLV(0x30, body)
-	if !bytes.Equal(tbsOf(der), linted.RawTBSCertificate) {
-		return nil, ErrLintTBSMismatch
+	return derTLV(0x30, slices.Concat(tbs, alg, derTLV(0x03, append([]byte{0}, sig...)))), nil
+}
+
+// tbsSignatureAlgorithm is the DER AlgorithmIdentifier in a TBS: the
+// field after the optional [0] version and the serial number.
+func tbsSignatureAlgorithm(tbs []byte) ([]byte, error) {
+	var seq asn1.RawValue
+	if _, err := asn1.Unmarshal(tbs, &seq); err != nil {
+		return nil, fmt.Errorf("split certificate to lint: %w", err)
 	}
-	return der, nil
+	rest := seq.Bytes
+	for {
+		var f asn1.RawValue
+		var err error
+		if rest, err = asn1.Unmarshal(rest, &f); err != nil {
+			return nil, fmt.Errorf("split certificate to lint: %w", err)
+		}
+		if f.Class == asn1.ClassUniversal && f.Tag == asn1.TagSequence {
+			return f.FullBytes, nil
+		}
+	}
 }
 
 // tbsOf is the TBS of a DER certificate, nil if it does not parse.

@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -10,8 +11,10 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"io"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,6 +69,7 @@ func (f lintFixture) good(kind certlint.Kind, now time.Time) issuance {
 // profile and checks that the lint names it and that the CA key was never
 // asked; the unchanged profile signs exactly once.
 func TestLintRefusesBeforeTheDevice(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := newLintFixture(t, now)
 	tests := []struct {
@@ -89,6 +93,7 @@ func TestLintRefusesBeforeTheDevice(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(string(tt.kind)+"/"+tt.fault, func(t *testing.T) {
+			t.Parallel()
 			is := f.good(tt.kind, now)
 			tt.inject(is.tmpl)
 			counting := signertest.NewCounting(is.key)
@@ -114,6 +119,7 @@ func addClientAuth(c *x509.Certificate) {
 // RFC 5280 §4.2.1.2 that Talos's profile leaves out), signs once, and that the signed certificate carries
 // exactly the linted to-be-signed bytes and verifies under its issuer.
 func TestLintedProfilesSign(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := newLintFixture(t, now)
 	for _, kind := range []certlint.Kind{certlint.Root, certlint.Intermediate, certlint.Serving, certlint.Worker, certlint.Client} {
@@ -143,9 +149,10 @@ func TestLintedProfilesSign(t *testing.T) {
 }
 
 // TestLintThenSignEveryKeyType signs through every CA key algorithm the
-// signers hold: the throwaway key must give the same signature algorithm,
-// hence a TBS the CA key's signature verifies over.
+// signers hold: the digest x509 picks for the CA key's algorithm must be
+// the one the CA key's signature verifies over.
 func TestLintThenSignEveryKeyType(t *testing.T) {
+	t.Parallel()
 	p384, _ := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
 	_, ed, _ := ed25519.GenerateKey(rand.Reader)
 	rsaKey, _ := rsa.GenerateKey(rand.Reader, 2048)
@@ -167,27 +174,58 @@ func TestLintThenSignEveryKeyType(t *testing.T) {
 	}
 }
 
-// TestAssembleRefusesAnotherTBS is Boulder's check: a certificate whose
-// TBS is not the linted one never leaves.
-func TestAssembleRefusesAnotherTBS(t *testing.T) {
+// TestLintedCopyIsTheTBS checks that the certificate the lints see is
+// made of exactly the TBS the CA key signs, under the algorithm the TBS
+// names, for every CA key algorithm.
+func TestLintedCopyIsTheTBS(t *testing.T) {
+	t.Parallel()
+	p256, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	_, ed, _ := ed25519.GenerateKey(rand.Reader)
+	rsaKey, _ := rsa.GenerateKey(rand.Reader, 2048)
+	for _, key := range []crypto.Signer{p256, ed, rsaKey} {
+		ca, err := NewCACertificate(key, CAOptions{Cluster: "c"}, time.Now(), rand.Reader)
+		if err != nil {
+			t.Fatalf("%T: %v", key, err)
+		}
+		der, err := certificateOf(ca.RawTBSCertificate, placeholderSignature(key.Public()))
+		if err != nil {
+			t.Fatalf("%T: %v", key, err)
+		}
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			t.Fatalf("%T: linted copy does not parse: %v", key, err)
+		}
+		if !bytes.Equal(c.RawTBSCertificate, ca.RawTBSCertificate) || c.SignatureAlgorithm != ca.SignatureAlgorithm {
+			t.Errorf("%T: linted copy has another TBS or algorithm (%s, want %s)", key, c.SignatureAlgorithm, ca.SignatureAlgorithm)
+		}
+		if !bytes.Equal(tbsOf(der), ca.RawTBSCertificate) {
+			t.Errorf("%T: tbsOf does not find the TBS", key)
+		}
+	}
+}
+
+// flippingSigner is a faulty device: it returns a signature with one bit
+// changed.
+type flippingSigner struct{ crypto.Signer }
+
+func (f flippingSigner) Sign(r io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	sig, err := f.Signer.Sign(r, digest, opts)
+	if err == nil {
+		sig[len(sig)-1] ^= 1
+	}
+	return sig, err
+}
+
+// TestFaultyDeviceSignatureRefused checks that a signature that does not
+// verify under the CA key never becomes a certificate, and says so.
+func TestFaultyDeviceSignatureRefused(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := newLintFixture(t, now)
-	is := f.good(certlint.Client, now)
-	is.tmpl.NotBefore, is.tmpl.NotAfter, _ = Validity(now, time.Hour, f.root)
-	is.tmpl.SerialNumber, _ = SerialNumber(rand.Reader)
-	linted, _, err := lintCopy(is)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other := *linted
-	other.Raw = slices.Clone(linted.Raw)
-	other.Raw[len(other.Raw)-1] ^= 1 // in the throwaway signature: the TBS is intact
-	if _, err := assemble(&other, []byte{1}); err != nil {
-		t.Errorf("a changed throwaway signature must not matter: %v", err)
-	}
-	other.RawTBSCertificate = slices.Clone(linted.RawTBSCertificate)
-	other.RawTBSCertificate[10] ^= 1
-	if _, err := assemble(&other, []byte{1}); !errors.Is(err, ErrLintTBSMismatch) {
-		t.Errorf("a TBS other than the linted one: %v", err)
+	is := f.good(certlint.Worker, now)
+	is.key = flippingSigner{is.key}
+	der, _, err := sign(is)
+	if der != nil || err == nil || !strings.Contains(err.Error(), "signing device returned a signature that does not verify") {
+		t.Fatalf("faulty device: der %d bytes, err %v", len(der), err)
 	}
 }

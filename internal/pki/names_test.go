@@ -6,6 +6,7 @@ import (
 )
 
 func TestCheckDNSName(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("a", 63)
 	tests := []struct {
 		name        string
@@ -46,6 +47,7 @@ func TestCheckDNSName(t *testing.T) {
 }
 
 func TestSplitHosts(t *testing.T) {
+	t.Parallel()
 	ips, dns, err := SplitHosts([]string{" 10.0.0.1 ", "", "API.example.com", "fd00::1"})
 	if err != nil {
 		t.Fatal(err)

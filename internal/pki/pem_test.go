@@ -15,6 +15,7 @@ import (
 )
 
 func TestParseCertificates(t *testing.T) {
+	t.Parallel()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	a, _ := NewCACertificate(key, CAOptions{Cluster: "a"}, time.Now(), rand.Reader)
 	b, _ := NewCACertificate(key, CAOptions{Cluster: "b"}, time.Now(), rand.Reader)
@@ -57,6 +58,7 @@ func csrPEM(t *testing.T, key crypto.Signer, blockType string) []byte {
 }
 
 func TestParseCSR(t *testing.T) {
+	t.Parallel()
 	p256, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	rsa1024, err := rsa.GenerateKey(rand.Reader, 1024)
 	if err != nil {

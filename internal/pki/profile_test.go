@@ -13,6 +13,7 @@ import (
 )
 
 func TestParseRoles(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in      []string
 		want    string
@@ -41,6 +42,7 @@ func TestParseRoles(t *testing.T) {
 }
 
 func TestSerialNumber(t *testing.T) {
+	t.Parallel()
 	for _, src := range [][]byte{bytes.Repeat([]byte{0xff}, 16), make([]byte, 16)} {
 		n, err := SerialNumber(bytes.NewReader(src))
 		if err != nil {
@@ -56,6 +58,7 @@ func TestSerialNumber(t *testing.T) {
 }
 
 func TestProfiles(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	ca := checkCAProfile(t, key, now)

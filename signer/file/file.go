@@ -92,7 +92,7 @@ func (b *Backend) Open(ctx context.Context, uri string) (signer.Signer, error) {
 		}
 		return nil, fmt.Errorf("open key %s: %w", path, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	st, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("open key %s: %w", path, err)

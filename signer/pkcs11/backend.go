@@ -75,7 +75,7 @@ func (b *Backend) readPIN(u *URI) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("pkcs11: read pin-source %s: %w: %w", u.PINSource, signer.ErrAuthentication, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	b.checkPINMode(u.PINSource, f)
 	data, err := io.ReadAll(io.LimitReader(f, maxPINFileBytes+1))
 	if err != nil {

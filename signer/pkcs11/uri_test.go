@@ -17,6 +17,7 @@ const mp = "module-path=/usr/lib/softhsm/libsofthsm2.so"
 func slotID(n uint) *uint { return &n }
 
 func TestParseURI(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in   string
 		want URI
@@ -42,6 +43,7 @@ func TestParseURI(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
+			t.Parallel()
 			got, err := ParseURI(tt.in)
 			if err != nil {
 				t.Fatal(err)
@@ -61,6 +63,7 @@ func TestParseURI(t *testing.T) {
 }
 
 func TestParseURIErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, in, want string
 	}{
@@ -99,6 +102,7 @@ func TestParseURIErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			_, err := ParseURI(tt.in)
 			if !errors.Is(err, signer.ErrInvalidURI) {
 				t.Fatalf("ParseURI(%q) = %v, want ErrInvalidURI", tt.in, err)
@@ -113,6 +117,7 @@ func TestParseURIErrors(t *testing.T) {
 // TestPINNeverInErrors: the PIN appears in no parse error and in no
 // String() of a parsed URI.
 func TestPINNeverInErrors(t *testing.T) {
+	t.Parallel()
 	const pin = "S3cretPin"
 	bad := []string{
 		"pkcs11:token=t;object=k?" + mp + "&pin-value=" + pin + "&pin-value=" + pin,

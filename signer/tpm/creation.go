@@ -66,12 +66,17 @@ func (b *Backend) persistWithEvidence(t transport.TPM, u KeyURI, parent *srk, bl
 	if err != nil {
 		return err
 	}
+	// A run killed while replacing the record left its temporary link
+	// here, in a key directory no ceremony lock cleans: this run, which
+	// holds the key's name (checkFree), removes it.
+	if _, err := atomicfile.RemoveStaleTempsOf(CreationPath(u.Path)); err != nil {
+		return fmt.Errorf("write creation evidence: %w", err)
+	}
 	if err := atomicfile.Write(CreationPath(u.Path), append(data, '\n'), 0o644, true); err != nil {
 		return fmt.Errorf("write creation evidence: %w", err)
 	}
 	if err := b.persist(t, u, parent, blob); err != nil {
-		os.Remove(CreationPath(u.Path))
-		return err
+		return errors.Join(err, os.Remove(CreationPath(u.Path)))
 	}
 	return nil
 }
@@ -101,7 +106,7 @@ func readCreation(blobPath string, keyName []byte) (*creationEvidence, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read creation evidence: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	data, err := io.ReadAll(io.LimitReader(f, 1<<16))
 	if err != nil {
 		return nil, fmt.Errorf("read creation evidence: %w", err)

@@ -77,7 +77,7 @@ func (b *Backend) newSigner(ctx context.Context, u KeyURI, km *keyMaterial) (*Si
 		return err
 	})
 	if err != nil {
-		conn.Close()
+		err = errors.Join(err, conn.Close())
 		return nil, fmt.Errorf("tpm: open %s: %w", u, err)
 	}
 	// The first lane is connected now, so that Open fails on a key that
@@ -195,7 +195,7 @@ func (s *Signer) ensure(ctx context.Context, ln *lane) error {
 		return err
 	})
 	if err != nil {
-		conn.Close()
+		_ = conn.Close() // it failed; err says why
 		ln.lastErr = fmt.Errorf("tpm: reconnect %s: %w: %w", s.uri.Device, signer.ErrDeviceUnavailable, err)
 		return ln.lastErr
 	}
@@ -223,7 +223,7 @@ func (s *Signer) dialURI(ctx context.Context) (transport.TPMCloser, error) {
 // timeout) flushes the session it holds when it ends.
 func (s *Signer) drop(ln *lane, cause error) {
 	if ln.conn != nil {
-		ln.conn.Close()
+		_ = ln.conn.Close() // it failed; cause says why
 	}
 	ln.sess.reset()
 	ln.conn, ln.key = nil, 0

@@ -131,8 +131,11 @@ func (b *Backend) withConn(ctx context.Context, u KeyURI, op func(t transport.TP
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	_, err = runBounded(ctx, conn, u.Timeout, op)
+	dead, err := runBounded(ctx, conn, u.Timeout, op)
+	// A dead connection's close fails too; err already says why.
+	if cerr := conn.Close(); !dead {
+		err = errors.Join(err, cerr)
+	}
 	return err
 }
 
@@ -153,7 +156,7 @@ func runBounded(ctx context.Context, conn transport.TPMCloser, timeout time.Dura
 		}
 		return false, err
 	case <-ctx.Done():
-		conn.Close()
+		_ = conn.Close() // abandons the TPM that did not answer
 		return true, fmt.Errorf("%w: TPM did not answer within %v: %w", signer.ErrDeviceUnavailable, timeout, ctx.Err())
 	}
 }
@@ -252,7 +255,7 @@ func readBlobFile(u KeyURI) (*keyMaterial, error) {
 		}
 		return nil, fmt.Errorf("tpm: open key blob %s: %w", u.Path, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
 	if err != nil {
 		return nil, fmt.Errorf("tpm: read key blob %s: %w", u.Path, err)
@@ -495,8 +498,7 @@ func (b *Backend) Import(ctx context.Context, uri string, key crypto.Signer) (si
 		return nil, err
 	}
 	if err := verifyBySigning(s, &priv.PublicKey); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("tpm: import key: %w", err)
+		return nil, errors.Join(fmt.Errorf("tpm: import key: %w", err), s.Close())
 	}
 	return s, nil
 }

@@ -11,6 +11,7 @@ import (
 )
 
 func TestParseURI(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		uri     string
 		want    KeyURI
@@ -78,6 +79,7 @@ func TestParseURI(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.uri, func(t *testing.T) {
+			t.Parallel()
 			got, err := ParseURI(tt.uri)
 			if tt.wantErr != "" {
 				if err == nil || !errors.Is(err, signer.ErrInvalidURI) || !strings.Contains(err.Error(), tt.wantErr) {
@@ -144,6 +146,7 @@ func FuzzParseURI(f *testing.F) {
 }
 
 func TestWithPCRs(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		uri     string
 		pcrs    []int
@@ -179,6 +182,7 @@ func TestWithPCRs(t *testing.T) {
 }
 
 func TestIsKeyURI(t *testing.T) {
+	t.Parallel()
 	for uri, want := range map[string]bool{"tpm:handle=0x81000100": true, "tpm:": true, "TPM:x": false, "file:/k": false, "": false} {
 		if got := IsKeyURI(uri); got != want {
 			t.Errorf("IsKeyURI(%q) = %v", uri, got)

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,9 +39,6 @@ type killScenario struct {
 	// remakes means a completed operation is made again by a re-run (a
 	// certificate request), instead of being reported complete.
 	remakes bool
-	// strayTemp is the prefix of a temporary file a kill may leave in the
-	// key's directory, which nothing removes (see its scenario).
-	strayTemp string
 }
 
 func fileKey(root, name string) string { return "file:" + filepath.Join(root, "keys", name+".key") }
@@ -274,16 +270,12 @@ func checkAfterKill(t *testing.T, root string, sc killScenario, step string) {
 func checkLeftovers(t *testing.T, root string, sc killScenario, step string) {
 	t.Helper()
 	keyDir := filepath.Join(root, "keys")
-	stray := func(dir, name string) bool {
-		return sc.strayTemp != "" && dir == keyDir && strings.HasPrefix(name, sc.strayTemp)
-	}
 	keys, err := os.ReadDir(keyDir)
-	keys = slices.DeleteFunc(keys, func(e fs.DirEntry) bool { return stray(keyDir, e.Name()) })
 	if err != nil || len(keys) != sc.keys {
 		t.Errorf("killed at %s: keys %v (%v), want %d key files", step, names(keys), err, sc.keys)
 	}
 	_ = filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
-		if err == nil && !stray(filepath.Dir(p), e.Name()) && (strings.Contains(e.Name(), ".tmp-") || strings.HasSuffix(e.Name(), ".intent")) {
+		if err == nil && (strings.Contains(e.Name(), ".tmp-") || strings.HasSuffix(e.Name(), ".intent")) {
 			t.Errorf("killed at %s: left %s", step, p)
 		}
 		return nil

@@ -86,9 +86,10 @@ func TestRevocableMigrationRevokeWithDaemon(t *testing.T) {
 	}
 	eventually(t, "the revoked approval refused", func() bool { return requestCode(t, d.Addr, wc) == codes.Unavailable })
 	want := fmt.Sprintf("policy approve --authority AUTHORITY_URI --key %s --epoch %d --pcr 7=", s.key, e+1)
-	if logs := d.Logs(); !strings.Contains(logs, "was revoked") || !strings.Contains(logs, want) {
-		t.Errorf("the daemon's log lacks the revocation and %q:\n%s", want, logs)
-	}
+	eventually(t, "the daemon logs the revocation and "+want, func() bool {
+		logs := d.Logs()
+		return strings.Contains(logs, "was revoked") && strings.Contains(logs, want)
+	})
 	if rev := s.status(t, s.uri).SignedPolicy.Revocation; rev.Epoch != e+1 || len(rev.Live) != 0 || len(rev.Dead) != 1 {
 		t.Errorf("status after revoke: %+v", rev)
 	}
@@ -96,6 +97,12 @@ func TestRevocableMigrationRevokeWithDaemon(t *testing.T) {
 	eventually(t, "signing at the new epoch", func() bool { return requestCode(t, d.Addr, wc) == codes.OK })
 	if rev := s.status(t, s.uri).SignedPolicy.Revocation; len(rev.Live) != 1 || len(rev.Dead) != 1 {
 		t.Errorf("status after re-approval: %+v", rev)
+	}
+	text := mustCeremony(t, nil, "status", "--signer", s.uri, "--ca", filepath.Join(s.dir, certdir.FileCACert)).stdout
+	for _, want := range []string{fmt.Sprintf("revocation:   counter NV 0x01005354, epoch %d", e+1), "  dead:       initial-", fmt.Sprintf(".json@%d", e)} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text status lacks %q:\n%s", want, text)
+		}
 	}
 	checkRevocationRefusals(t, s, e)
 }

@@ -39,6 +39,7 @@ func TestAgainstTheDaemon(t *testing.T) {
 		{"-key", "p256"},
 		{"-key", "ed25519", "-ramp", "300ms", "-reuse"},
 		{"-spread-sources", "-retry"},
+		{"-light"},
 	} {
 		var out bytes.Buffer
 		args := append([]string{"-addr", d.Addr, "-certs", certs, "-workers", "2", "-requests", "6", "-duration", "1m"}, extra...)
@@ -46,6 +47,10 @@ func TestAgainstTheDaemon(t *testing.T) {
 		if code != 0 || !strings.Contains(out.String(), "certificates: 6/6") || !strings.Contains(out.String(), "errors by code: none") {
 			t.Errorf("%v: exit %d\n%s\n%s", extra, code, out.String(), d.Logs())
 		}
+	}
+	var bound bytes.Buffer
+	if code := run([]string{"-cpu-bound", "-certs", certs, "-requests", "20"}, &bound, io.Discard); code != 0 || !strings.Contains(bound.String(), "local CPU bound: 20 certificates") {
+		t.Errorf("-cpu-bound: exit %d\n%s", code, bound.String())
 	}
 	// A worker with a wrong token: counted by gRPC code, and the run fails.
 	wrong := t.TempDir()
@@ -61,5 +66,10 @@ func TestAgainstTheDaemon(t *testing.T) {
 	var out bytes.Buffer
 	if code := run([]string{"-addr", d.Addr, "-certs", wrong, "-workers", "1", "-requests", "2"}, &out, io.Discard); code != 1 || !strings.Contains(out.String(), "Unauthenticated=2") {
 		t.Errorf("wrong token: exit %d\n%s", code, out.String())
+	}
+	// The daemon also rate-limits the wrong token (ResourceExhausted).
+	out.Reset()
+	if code := run([]string{"-light", "-addr", d.Addr, "-certs", wrong, "-workers", "2", "-requests", "4"}, &out, io.Discard); code != 1 || !strings.Contains(out.String(), "certificates: 0/4") || !strings.Contains(out.String(), "Unauthenticated=") {
+		t.Errorf("-light, wrong token: exit %d\n%s", code, out.String())
 	}
 }

@@ -56,13 +56,46 @@ type options struct {
 	metrics    string
 	backoff    string
 	anchor     bool
+	light      bool
+	cpuBound   bool
 }
+
+// lightWorkers is -light's default number of kept-alive connections.
+const lightWorkers = 32
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	o, err := parseOptions(args, stderr)
+	if err != nil {
+		return 2
+	}
+	if err := o.validate(); err != nil {
+		fmt.Fprintln(stderr, "load:", err)
+		return 2
+	}
+	switch {
+	case o.anchor:
+		return runAnchor(o, stderr)
+	case o.cpuBound:
+		return exitStatus(runCPUBound(o, stdout), stderr)
+	}
+	res, err := runLoadOrLight(o, stdout)
+	if err != nil {
+		fmt.Fprintln(stderr, "load:", err)
+		return 1
+	}
+	res.report(stdout, o)
+	if res.issued < o.requests {
+		return 1
+	}
+	return 0
+}
+
+// parseOptions parses the command line; flag errors are printed to stderr.
+func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o options
@@ -75,33 +108,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.retry, "retry", false, "retry like a Talos worker until a certificate arrives (counting each failed attempt)")
 	fs.StringVar(&o.keyType, "key", "p256", "worker key: p256 (Talos 1.10+ under an ECDSA CA) or ed25519 (Talos 1.9)")
 	fs.BoolVar(&o.print, "print", false, "print each issued certificate's subject, SANs and validity")
-	fs.IntVar(&o.rssPID, "daemon-pid", 0, "report this process's peak RSS (VmHWM) at the end")
+	fs.IntVar(&o.rssPID, "daemon-pid", 0, "report this process's peak RSS (VmHWM) at the end, and with -light its CPU time per certificate (the server's cost, robust on a shared machine)")
 	fs.DurationVar(&o.reqTimeout, "timeout", 10*time.Second, "per-attempt timeout (Talos uses 10s)")
 	fs.BoolVar(&o.reuse, "reuse", false, "keep one connection per concurrent client (measures issuance, not TLS handshakes)")
 	fs.BoolVar(&o.sources, "spread-sources", false, "give each simulated worker its own 127.x.y.z source address, as a fleet has (per-address rate limits apply per worker)")
 	fs.StringVar(&o.backoff, "backoff", "fast", "with -retry, the wait between attempts: fast (250 ms doubling up to 4 s) or talos (Talos's RemoteGenerator: go-retry Exponential in 1 s units, 100 ms jitter: 0, 1, 3, 7, 15, 31 s)")
 	fs.BoolVar(&o.anchor, "serve-anchor", false, "instead of loading, serve a bare Talos-style SecurityService (Talos trustd's per-request work with the file key in -certs: os-ca.key, server.crt/.key, token) on -addr until -duration or SIGINT, as the yardstick for the daemon's file path")
+	fs.BoolVar(&o.light, "light", false, "light client: make all CSRs and open -workers kept-alive connections (default 32) before the clock starts, then send nothing but requests; only each connection's first response is fully checked")
+	fs.BoolVar(&o.cpuBound, "cpu-bound", false, "instead of loading, measure the local CPU bound in-process on all cores: -requests times parse and verify a CSR, sign it with the file key in -certs (os-ca.key) and x509's check of the signature")
 	fs.StringVar(&o.metrics, "metrics", "", "the daemon's metrics URL (http://127.0.0.1:PORT/metrics): report its issued, refused and late-signature counters at the end")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return o, fmt.Errorf("flags: %w", err)
 	}
-	if err := o.validate(); err != nil {
-		fmt.Fprintln(stderr, "load:", err)
-		return 2
+	if o.light && !flagSet(fs, "workers") {
+		o.workers = lightWorkers
 	}
-	if o.anchor {
-		return runAnchor(o, stderr)
-	}
-	res, err := runLoad(o, stdout)
-	if err != nil {
-		fmt.Fprintln(stderr, "load:", err)
-		return 1
-	}
-	res.report(stdout, o)
-	if res.issued < o.requests {
-		return 1
-	}
-	return 0
+	return o, nil
 }
 
 func (o *options) validate() error {
@@ -125,10 +147,50 @@ func (o *options) validate() error {
 	if o.backoff != "" && o.backoff != "fast" && o.backoff != "talos" {
 		return fmt.Errorf("-backoff %q: want fast or talos", o.backoff)
 	}
+	if err := o.validateLight(); err != nil {
+		return err
+	}
 	if o.metrics != "" {
 		return checkMetricsURL(o.metrics)
 	}
 	return nil
+}
+
+// validateLight refuses what a -light run cannot do: it has no arrivals,
+// retries or per-worker addresses, and makes every CSR up front.
+func (o *options) validateLight() error {
+	if !o.light && !o.cpuBound {
+		return nil
+	}
+	if o.light && (o.ramp > 0 || o.retry || o.sources) {
+		return errors.New("-light measures steady requests: drop -ramp, -retry and -spread-sources")
+	}
+	if o.requests > maxLightRequests {
+		return fmt.Errorf("-requests %d: -light and -cpu-bound make every CSR first, at most %d", o.requests, maxLightRequests)
+	}
+	return nil
+}
+
+// flagSet reports whether name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+func exitStatus(err error, stderr io.Writer) int {
+	if err != nil {
+		fmt.Fprintln(stderr, "load:", err)
+		return 1
+	}
+	return 0
+}
+
+func runLoadOrLight(o options, stdout io.Writer) (*result, error) {
+	if o.light {
+		return runLight(o)
+	}
+	return runLoad(o, stdout)
 }
 
 type result struct {
@@ -138,6 +200,7 @@ type result struct {
 	codes     map[codes.Code]int
 	issued    int
 	elapsed   time.Duration
+	serverCPU time.Duration // -light with -daemon-pid: the server's CPU time in the measured window
 	bootLog   *bootLog
 }
 
@@ -368,8 +431,8 @@ func (r *result) report(w io.Writer, o options) {
 	sort.Slice(r.latencies, func(i, j int) bool { return r.latencies[i] < r.latencies[j] })
 	sort.Slice(r.boots, func(i, j int) bool { return r.boots[i] < r.boots[j] })
 	rate := float64(r.issued) / r.elapsed.Seconds()
-	fmt.Fprintf(w, "certificates: %d/%d in %s (%.1f/s) workers=%d ramp=%s retry=%v key=%s reuse=%v\n",
-		r.issued, o.requests, r.elapsed.Round(time.Millisecond), rate, o.workers, o.ramp, o.retry, o.keyType, o.reuse)
+	fmt.Fprintf(w, "certificates: %d/%d in %s (%.1f/s) workers=%d ramp=%s retry=%v key=%s reuse=%v light=%v\n",
+		r.issued, o.requests, r.elapsed.Round(time.Millisecond), rate, o.workers, o.ramp, o.retry, o.keyType, o.reuse || o.light, o.light)
 	if len(r.latencies) > 0 {
 		fmt.Fprintf(w, "attempt latency: p50=%s p99=%s max=%s\n",
 			percentile(r.latencies, 0.50).Round(time.Microsecond), percentile(r.latencies, 0.99).Round(time.Microsecond), r.latencies[len(r.latencies)-1].Round(time.Microsecond))
@@ -390,6 +453,10 @@ func (r *result) report(w io.Writer, o options) {
 	r.bootLog.report(w)
 	if o.metrics != "" {
 		reportDaemonCounters(w, o.metrics)
+	}
+	if r.serverCPU > 0 && r.issued > 0 {
+		fmt.Fprintf(w, "server CPU per certificate: %.3f ms (%s over the run, pid %d)\n",
+			float64(r.serverCPU.Microseconds())/1000/float64(r.issued), r.serverCPU, o.rssPID)
 	}
 	if o.rssPID > 0 {
 		if hwm, err := peakRSS(o.rssPID); err == nil {

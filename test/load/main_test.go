@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 )
@@ -33,6 +34,10 @@ func TestValidateLoopbackOnly(t *testing.T) {
 		{addr: "127.0.0.1:1", workers: 0, requests: 1, duration: time.Minute, keyType: "p256"},
 		{addr: "127.0.0.1:1", workers: 1, requests: 1, duration: 2 * time.Hour, keyType: "p256"},
 		{addr: "127.0.0.1:1", workers: 1, requests: 1, duration: time.Minute, keyType: "rsa"},
+		{addr: "127.0.0.1:1", workers: 1, requests: 1, duration: time.Minute, keyType: "p256", light: true, retry: true},
+		{addr: "127.0.0.1:1", workers: 1, requests: 1, duration: time.Minute, keyType: "p256", light: true, ramp: time.Second},
+		{addr: "127.0.0.1:1", workers: 1, requests: maxLightRequests + 1, duration: time.Minute, keyType: "p256", light: true},
+		{addr: "127.0.0.1:1", workers: 1, requests: maxLightRequests + 1, duration: time.Minute, keyType: "p256", cpuBound: true},
 	} {
 		if err := bad.validate(); err == nil {
 			t.Errorf("validate(%+v) accepted", bad)
@@ -58,11 +63,46 @@ func TestSourceForStaysOnLoopback(t *testing.T) {
 	}
 }
 
+func TestLightDefaultsTo32Connections(t *testing.T) {
+	// -light's default is 32 kept-alive connections; an explicit -workers
+	// is kept, and the heavy client's default is unchanged.
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"-light"}, lightWorkers},
+		{[]string{"-light", "-workers", "3"}, 3},
+		{nil, 8},
+	} {
+		o, err := parseOptions(c.args, io.Discard)
+		if err != nil || o.workers != c.want {
+			t.Errorf("%v: workers %d, want %d (%v)", c.args, o.workers, c.want, err)
+		}
+	}
+}
+
 func TestRunRefusesBadArguments(t *testing.T) {
 	if code := run([]string{"-addr", "10.1.2.3:50001"}, io.Discard, io.Discard); code != 2 {
 		t.Fatalf("non-loopback target: exit %d, want 2", code)
 	}
 	if code := run([]string{"-nope"}, io.Discard, io.Discard); code != 2 {
 		t.Fatalf("unknown flag: exit %d, want 2", code)
+	}
+}
+
+func TestProcessCPU(t *testing.T) {
+	before, err := processCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+		// spin: the CPU time must grow
+	}
+	after, err := processCPU(os.Getpid())
+	if err != nil || after <= before {
+		t.Errorf("CPU time %s then %s (%v): want it to grow while the test spins", before, after, err)
+	}
+	if _, err := processCPU(-1); err == nil {
+		t.Error("a process that does not exist has a CPU time")
 	}
 }

@@ -34,6 +34,7 @@ func testRoot(got *[]string, force *bool, hours *time.Duration) *cobra.Command {
 }
 
 func TestRunExitCodes(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		args   []string
@@ -58,6 +59,7 @@ func TestRunExitCodes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			var sans []string
 			var force bool
 			var hours time.Duration
@@ -79,6 +81,7 @@ func TestRunExitCodes(t *testing.T) {
 }
 
 func TestSingleDashLongFlags(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		args  []string
 		sans  []string
@@ -95,6 +98,7 @@ func TestSingleDashLongFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			t.Parallel()
 			var sans []string
 			var force bool
 			var hours time.Duration
@@ -110,6 +114,7 @@ func TestSingleDashLongFlags(t *testing.T) {
 }
 
 func TestRootWithAction(t *testing.T) {
+	t.Parallel()
 	ran := false
 	root := &cobra.Command{Use: "daemon", RunE: func(*cobra.Command, []string) error { ran = true; return nil }}
 	root.Flags().String("port", "", "port")
@@ -135,6 +140,7 @@ func TestRootWithAction(t *testing.T) {
 }
 
 func TestExitCode(t *testing.T) {
+	t.Parallel()
 	wrapped := fmt.Errorf("context: %w", Usagef("bad %s", "flag"))
 	for _, tt := range []struct {
 		err  error
@@ -155,6 +161,7 @@ func TestExitCode(t *testing.T) {
 }
 
 func TestHelpAndCompletionRequests(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		args []string
 		want string

@@ -10,6 +10,7 @@ import (
 )
 
 func TestSplitList(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		in   []string
 		want []string
@@ -26,6 +27,7 @@ func TestSplitList(t *testing.T) {
 }
 
 func TestListVarDefault(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		args []string
 		want []string
@@ -48,6 +50,7 @@ func TestListVarDefault(t *testing.T) {
 }
 
 func TestBoundedFlags(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		args    []string
 		hours   time.Duration
@@ -87,6 +90,7 @@ func TestBoundedFlags(t *testing.T) {
 }
 
 func TestHoursUsageNamesBound(t *testing.T) {
+	t.Parallel()
 	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 	var d time.Duration
 	HoursVar(fs, &d, "hours", 8760, MaxLeafHours, "validity in hours")
@@ -96,6 +100,7 @@ func TestHoursUsageNamesBound(t *testing.T) {
 }
 
 func TestPCRsVar(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		arg  string
 		want []int
@@ -130,6 +135,7 @@ func TestPCRsVar(t *testing.T) {
 }
 
 func TestRequired(t *testing.T) {
+	t.Parallel()
 	if err := Required(map[string]string{"a": "x"}); err != nil {
 		t.Error(err)
 	}

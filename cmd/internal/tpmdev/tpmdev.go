@@ -121,7 +121,7 @@ func dialSocket(ctx context.Context, network, addr string, probe time.Duration) 
 	}
 	t := &socketTPM{TPMCloser: tpm.NewStreamTransport(c), addr: addr}
 	if err := probeSocket(ctx, c, t, probe); err != nil {
-		c.Close()
+		err = errors.Join(err, c.Close())
 		return nil, err
 	}
 	return t, nil

@@ -122,7 +122,7 @@ func (d *ApprovalDir) list() (next map[string]approvalFileState, capped bool, er
 	if err != nil {
 		return nil, false, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	next = map[string]approvalFileState{}
 	usable, seen := 0, 0
 	for {
@@ -218,7 +218,7 @@ func readLimited(root, path string, limit int64) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	if err := openedInside(root, f); err != nil {
 		return nil, err
 	}

@@ -18,8 +18,9 @@ import (
 // (TPM_EO_UNSIGNED_LE at offset 0, as canonical/secboot does). Advancing
 // the counter past an epoch (policy revoke) makes every approval of an
 // older epoch fail at the TPM; the counter never goes back, not even by
-// deleting and re-creating the index (Part 1 §37.5.7: a new counter
-// starts at the highest value any counter had). PolicyNV names the index
+// deleting and re-creating the index (TPM 2.0 Part 1, NV counter indices:
+// a counter is initialised at its first increment to the largest value
+// any counter on the TPM had; tested on swtpm). PolicyNV names the index
 // by its Name, so an approval is bound to this counter; the ref names the
 // index and the selection, so that the key blob records both and an
 // approval without PolicyNV (a v2 one of the same authority) does not fit.
