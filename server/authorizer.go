@@ -357,9 +357,9 @@ func classifyAuthz(err error) (class, bool) {
 	)
 	switch {
 	case errors.As(err, &denied):
-		return class{codes.PermissionDenied, "this machine is not authorized for the requested certificate (" + denied.outcome + "); the trustd audit log says why", denied.outcome}, true
+		return class{codes.PermissionDenied, authz.ClientDeniedPrefix + " (" + denied.outcome + "); the trustd audit log says why", denied.outcome}, true
 	case errors.As(err, &unav):
-		return class{codes.Unavailable, "certificate authorization is temporarily unavailable; retry later", "authorizer_unavailable"}, true
+		return class{codes.Unavailable, authz.ClientUnavailable, "authorizer_unavailable"}, true
 	}
 	return class{}, false
 }

@@ -42,3 +42,14 @@ func KnownDenial(o string) bool {
 	}
 	return false
 }
+
+// What the daemon tells a refused worker (the gRPC status message); the
+// doctor recognizes them to point at the authorizer.
+const (
+	// ClientDeniedPrefix starts the PermissionDenied message of a
+	// refusal; the outcome follows in parentheses.
+	ClientDeniedPrefix = "this machine is not authorized for the requested certificate"
+	// ClientUnavailable is the Unavailable message when no decision
+	// could be made.
+	ClientUnavailable = "certificate authorization is temporarily unavailable; retry later"
+)

@@ -249,7 +249,7 @@ func checkRPC(ctx context.Context, r *Report, o Options, tlsCfg *tls.Config, add
 		return
 	case err != nil:
 		r.add(Step{Name: "token", Target: label, OK: true, Detail: "accepted (the request got past authentication)"})
-		r.add(Step{Name: "csr", Target: label, Detail: err.Error(), Hint: rpcHint(status.Code(err))})
+		r.add(Step{Name: "csr", Target: label, Detail: err.Error(), Hint: rpcErrHint(err)})
 		return
 	}
 	r.add(Step{Name: "token", Target: label, OK: true, Detail: "accepted"})
