@@ -251,17 +251,39 @@ func (s *Signer) Revoke(ctx context.Context, before uint64, progress func(uint64
 	if before > from && before-from > tpmpolicy.MaxRevokeStep {
 		return from, from, fmt.Errorf("tpm: revoke --before %d would advance the counter by %d steps from %d; at most %d at a time (a typo?): run it in steps", before, before-from, from, tpmpolicy.MaxRevokeStep)
 	}
-	idx := s.km.binding.RevocationIndex()
 	for to = from; to < before; {
-		if err := s.do(ctx, false, func(t transport.TPM, _ laneState) error { return incrementCounter(t, idx) }); err != nil {
+		next, err := s.revokeStep(ctx, before)
+		if err != nil {
 			return from, to, err
 		}
-		to++
-		if progress != nil {
-			progress(to)
+		if next > to && progress != nil {
+			progress(next)
 		}
+		to = next
 	}
 	return from, to, nil
+}
+
+// revokeStep advances the counter by one if it is still below before,
+// reading it first on the same connection, and returns its value after
+// the step: another revoke on this TPM (an operator's retry while this
+// one runs) may have advanced it meanwhile, and counting steps alone
+// would then overshoot before and withdraw the approvals written at it.
+func (s *Signer) revokeStep(ctx context.Context, before uint64) (uint64, error) {
+	idx := s.km.binding.RevocationIndex()
+	var now uint64
+	err := s.do(ctx, false, func(t transport.TPM, _ laneState) error {
+		var err error
+		if now, err = readCounter(t, idx); err != nil || now >= before {
+			return err
+		}
+		if err := incrementCounter(t, idx); err != nil {
+			return err
+		}
+		now++
+		return nil
+	})
+	return now, err
 }
 
 // RevocationReport is the revocation state of a revocable key: its
