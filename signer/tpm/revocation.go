@@ -193,10 +193,25 @@ func (s *Signer) policyEpoch(t transport.TPM, sess tpm2.TPMHandle, a *tpmpolicy.
 	switch {
 	case errors.Is(err, tpm2.TPMRCPolicy):
 		return fmt.Errorf("%w: %w", errRevoked, err)
+	case errors.Is(err, tpm2.TPMRCHandle) || errors.Is(err, tpm2.TPMRCNVUninitialized):
+		return counterGoneErr(b.RevocationIndex(), err)
 	case err != nil:
 		return fmt.Errorf("TPM2_PolicyNV (revocation counter 0x%08x): %w", uint32(b.RevocationIndex()), err)
 	}
 	return nil
+}
+
+// errCounterGone marks a revocable key whose counter is not defined (or
+// has no value) on its TPM: a policy failure, not a lost key, so the
+// connection and the loaded key are kept (internal).
+var errCounterGone = errors.New("the revocation counter is gone")
+
+// counterGoneErr says that the key's counter was deleted (TPM2_PolicyNV
+// names an undefined or unwritten index) and what brings the key back.
+func counterGoneErr(idx tpm2.TPMHandle, rc error) error {
+	return fmt.Errorf("tpm: the key's revocation counter (NV 0x%08x) is not defined on this TPM, so no approval can be checked and the key does not sign: "+
+		"someone with owner authorization deleted it (TPM2_NV_UndefineSpace) — find out who; define it again as the ceremony did (an owner NV counter at 0x%08x, 8 bytes, ownerwrite|authread|ownerread|no_da, incremented once: the TPM starts it above every epoch it had), "+
+		"then approve this state at the new epoch (policy approve --signer reads it): %w: %w: %w", uint32(idx), uint32(idx), errCounterGone, signer.ErrPolicyNotSatisfied, rc)
 }
 
 // revokedErr says that the approvals of this PCR state were revoked,
