@@ -209,8 +209,8 @@ var errCounterGone = errors.New("the revocation counter is gone")
 // counterGoneErr says that the key's counter was deleted (TPM2_PolicyNV
 // names an undefined or unwritten index) and what brings the key back.
 func counterGoneErr(idx tpm2.TPMHandle, rc error) error {
-	return fmt.Errorf("tpm: the key's revocation counter (NV 0x%08x) is not defined on this TPM, so no approval can be checked and the key does not sign: "+
-		"someone with owner authorization deleted it (TPM2_NV_UndefineSpace) — find out who; define it again as the ceremony did (an owner NV counter at 0x%08x, 8 bytes, ownerwrite|authread|ownerread|no_da, incremented once: the TPM starts it above every epoch it had), "+
+	return fmt.Errorf("tpm: the key's revocation counter (NV 0x%08x) is not defined on this TPM or has no value, so no approval can be checked and the key does not sign: "+
+		"someone with owner authorization deleted it (TPM2_NV_UndefineSpace) or re-defined it without incrementing it — find out who; define it again as the ceremony did (an owner NV counter at 0x%08x, 8 bytes, ownerwrite|authread|ownerread|no_da, incremented once: the TPM starts it above every epoch it had), "+
 		"then approve this state at the new epoch (policy approve --signer reads it): %w: %w: %w", uint32(idx), uint32(idx), errCounterGone, signer.ErrPolicyNotSatisfied, rc)
 }
 

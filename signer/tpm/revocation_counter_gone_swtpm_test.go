@@ -2,6 +2,7 @@ package tpm_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -12,27 +13,34 @@ import (
 )
 
 // TestSignWithoutRevocationCounter: root with owner authorization deletes
-// a revocable key's counter. The key must not sign (PolicyNV has nothing
-// to check), and the error must say so — the revocation counter is gone,
-// a policy failure — not that the TPM lost the loaded key, which sends
-// the operator after the wrong problem and makes every signature drop and
+// a revocable key's counter, or deletes and defines it again without
+// incrementing it. The key must not sign (PolicyNV has nothing to check),
+// and the error must say so — the revocation counter is gone, a policy
+// failure — not that the TPM lost the loaded key, which sends the
+// operator after the wrong problem and makes every signature drop and
 // reload its connection.
 func TestSignWithoutRevocationCounter(t *testing.T) {
-	f := newRevocableFixture(t, tpmpolicy.DefaultRevocationIndex)
-	s := f.generate(t)
-	f.approve(t, "current", epochOf(t, s))
-	mustSign(t, s)
-	undefineCounter(t, f, tpmpolicy.DefaultRevocationIndex)
-	err := sign(s)
-	if err == nil {
-		t.Fatal("signed with the revocation counter deleted")
-	}
-	if !errors.Is(err, signer.ErrPolicyNotSatisfied) || errors.Is(err, signer.ErrDeviceUnavailable) || !strings.Contains(err.Error(), "revocation counter") {
-		t.Errorf("sign without the counter = %v; want a policy failure naming the revocation counter, not an unavailable device", err)
+	for _, redefine := range []bool{false, true} {
+		t.Run(fmt.Sprintf("redefined=%v", redefine), func(t *testing.T) {
+			f := newRevocableFixture(t, tpmpolicy.DefaultRevocationIndex)
+			s := f.generate(t)
+			f.approve(t, "current", epochOf(t, s))
+			mustSign(t, s)
+			undefineCounter(t, f, tpmpolicy.DefaultRevocationIndex, redefine)
+			err := sign(s)
+			if err == nil {
+				t.Fatal("signed without a written revocation counter")
+			}
+			if !errors.Is(err, signer.ErrPolicyNotSatisfied) || errors.Is(err, signer.ErrDeviceUnavailable) || !strings.Contains(err.Error(), "revocation counter") {
+				t.Errorf("sign without the counter = %v; want a policy failure naming the revocation counter, not an unavailable device", err)
+			}
+		})
 	}
 }
 
-func undefineCounter(t *testing.T, f *revocableFixture, idx tpm2.TPMHandle) {
+// undefineCounter deletes the counter (TPM2_NV_UndefineSpace) and, with
+// redefine, defines it again with no value.
+func undefineCounter(t *testing.T, f *revocableFixture, idx tpm2.TPMHandle, redefine bool) {
 	t.Helper()
 	c, err := f.sw.Dial(ctx, f.sw.Device())
 	if err != nil {
@@ -45,6 +53,12 @@ func undefineCounter(t *testing.T, f *revocableFixture, idx tpm2.TPMHandle) {
 	}
 	owner := tpm2.AuthHandle{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)}
 	if _, err := (tpm2.NVUndefineSpace{AuthHandle: owner, NVIndex: tpm2.NamedHandle{Handle: idx, Name: pub.NVName}}).Execute(c); err != nil {
+		t.Fatal(err)
+	}
+	if !redefine {
+		return
+	}
+	if _, err := (tpm2.NVDefineSpace{AuthHandle: owner, PublicInfo: tpm2.New2B(tpmpolicy.RevocationCounterPublic(idx, false))}).Execute(c); err != nil {
 		t.Fatal(err)
 	}
 }
