@@ -193,10 +193,25 @@ func (s *Signer) policyEpoch(t transport.TPM, sess tpm2.TPMHandle, a *tpmpolicy.
 	switch {
 	case errors.Is(err, tpm2.TPMRCPolicy):
 		return fmt.Errorf("%w: %w", errRevoked, err)
+	case errors.Is(err, tpm2.TPMRCHandle) || errors.Is(err, tpm2.TPMRCNVUninitialized):
+		return counterGoneErr(b.RevocationIndex(), err)
 	case err != nil:
 		return fmt.Errorf("TPM2_PolicyNV (revocation counter 0x%08x): %w", uint32(b.RevocationIndex()), err)
 	}
 	return nil
+}
+
+// errCounterGone marks a revocable key whose counter is not defined (or
+// has no value) on its TPM: a policy failure, not a lost key, so the
+// connection and the loaded key are kept (internal).
+var errCounterGone = errors.New("the revocation counter is gone")
+
+// counterGoneErr says that the key's counter was deleted (TPM2_PolicyNV
+// names an undefined or unwritten index) and what brings the key back.
+func counterGoneErr(idx tpm2.TPMHandle, rc error) error {
+	return fmt.Errorf("tpm: the key's revocation counter (NV 0x%08x) is not defined on this TPM or has no value, so no approval can be checked and the key does not sign: "+
+		"someone with owner authorization deleted it (TPM2_NV_UndefineSpace) or re-defined it without incrementing it — find out who; define it again as the ceremony did (an owner NV counter at 0x%08x, 8 bytes, ownerwrite|authread|ownerread|no_da, incremented once: the TPM starts it above every epoch it had), "+
+		"then approve this state at the new epoch (policy approve --signer reads it): %w: %w: %w", uint32(idx), uint32(idx), errCounterGone, signer.ErrPolicyNotSatisfied, rc)
 }
 
 // revokedErr says that the approvals of this PCR state were revoked,
@@ -251,17 +266,39 @@ func (s *Signer) Revoke(ctx context.Context, before uint64, progress func(uint64
 	if before > from && before-from > tpmpolicy.MaxRevokeStep {
 		return from, from, fmt.Errorf("tpm: revoke --before %d would advance the counter by %d steps from %d; at most %d at a time (a typo?): run it in steps", before, before-from, from, tpmpolicy.MaxRevokeStep)
 	}
-	idx := s.km.binding.RevocationIndex()
 	for to = from; to < before; {
-		if err := s.do(ctx, false, func(t transport.TPM, _ laneState) error { return incrementCounter(t, idx) }); err != nil {
+		next, err := s.revokeStep(ctx, before)
+		if err != nil {
 			return from, to, err
 		}
-		to++
-		if progress != nil {
-			progress(to)
+		if next > to && progress != nil {
+			progress(next)
 		}
+		to = next
 	}
 	return from, to, nil
+}
+
+// revokeStep advances the counter by one if it is still below before,
+// reading it first on the same connection, and returns its value after
+// the step: another revoke on this TPM (an operator's retry while this
+// one runs) may have advanced it meanwhile, and counting steps alone
+// would then overshoot before and withdraw the approvals written at it.
+func (s *Signer) revokeStep(ctx context.Context, before uint64) (uint64, error) {
+	idx := s.km.binding.RevocationIndex()
+	var now uint64
+	err := s.do(ctx, false, func(t transport.TPM, _ laneState) error {
+		var err error
+		if now, err = readCounter(t, idx); err != nil || now >= before {
+			return err
+		}
+		if err := incrementCounter(t, idx); err != nil {
+			return err
+		}
+		now++
+		return nil
+	})
+	return now, err
 }
 
 // RevocationReport is the revocation state of a revocable key: its

@@ -276,6 +276,8 @@ func (s *Signer) afterOp(ln *lane, dead bool, err error) error {
 	switch {
 	case dead:
 		s.drop(ln, err)
+	case errors.Is(err, errCounterGone):
+		// The revocation counter's handle, not the key's: keep both.
 	case errors.Is(err, tpm2.TPMRCHandle) || errors.Is(err, tpm2.TPMRCReferenceH0):
 		// The TPM lost the loaded key (a reset behind a connection that
 		// survived it, or another client of a TPM without a resource
