@@ -195,6 +195,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
 image: deps
 	$(foreach a,$(IMAGE_ARCHS),CGO_ENABLED=1 GOOS=linux GOARCH=$(a) CC=$(CC_$(a)) $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/linux-$(a)/ ./cmd/... &&) true
+	$(foreach a,$(IMAGE_ARCHS),(cd cmd/steward-trustd-authorizer && CGO_ENABLED=0 GOOS=linux GOARCH=$(a) $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(abspath $(BIN))/linux-$(a)/ .) &&) true
 	cd hack/image && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run . -out $(abspath $(BIN))/image -tag $(VERSION) \
 	  $(foreach a,$(IMAGE_ARCHS),-bin linux/$(a)=$(abspath $(BIN))/linux-$(a))
 

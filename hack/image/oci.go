@@ -18,7 +18,7 @@ import (
 )
 
 // binaries are the commands the image ships; the first is the entrypoint.
-var binaries = []string{"steward-trustd", "steward-trustd-ceremony", "steward-trustd-gencreds"}
+var binaries = []string{"steward-trustd", "steward-trustd-ceremony", "steward-trustd-gencreds", "steward-trustd-authorizer"}
 
 // moduleRuntime is what PKCS#11 modules written in C++ (SoftHSM, most
 // vendor clients) need beyond glibc. Anything else a module needs (e.g.

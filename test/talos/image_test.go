@@ -22,6 +22,13 @@ const imageUID = 65532
 // binaries TestMain built and returns the OCI layout directory.
 func buildImage(t *testing.T) string {
 	t.Helper()
+	// The authorizer is its own module (client-go stays out of the
+	// daemon's graph), so TestMain's build of ./cmd/... does not make it.
+	auth := exec.Command("go", "build", "-o", binDir+string(filepath.Separator), ".")
+	auth.Dir = filepath.Join("..", "..", "cmd", "steward-trustd-authorizer")
+	if b, err := auth.CombinedOutput(); err != nil {
+		t.Fatalf("build steward-trustd-authorizer: %v\n%s", err, b)
+	}
 	out := filepath.Join(t.TempDir(), "image")
 	cmd := exec.Command("go", "run", ".", "-out", out, "-tag", "e2e", "-bin", "linux/"+runtime.GOARCH+"="+binDir)
 	cmd.Dir = filepath.Join("..", "..", "hack", "image")
@@ -58,6 +65,11 @@ func TestImage(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "rootfs")
 	unpackLayers(t, layout, man, root)
 	checkRootfs(t, root)
+	// The authorizer container of deploy/kubernetes/components/authorizer
+	// runs this image's second command as the same user.
+	if b, err := exec.Command(chroot, fmt.Sprintf("--userspec=%d:%d", imageUID, imageUID), root, "/usr/local/bin/steward-trustd-authorizer", "--version").CombinedOutput(); err != nil {
+		t.Fatalf("the image's authorizer does not run: %v\n%s", err, b)
+	}
 
 	tok, err := softhsm.New(t.TempDir(), "trustd")
 	if err != nil {
@@ -108,7 +120,7 @@ func imageLibDir() string {
 // for PKCS#11 modules, three /etc files, and nothing else (no shell).
 func checkRootfs(t *testing.T, root string) {
 	t.Helper()
-	for _, want := range []string{"usr/local/bin/steward-trustd", "usr/local/bin/steward-trustd-ceremony", "usr/local/bin/steward-trustd-gencreds",
+	for _, want := range []string{"usr/local/bin/steward-trustd", "usr/local/bin/steward-trustd-ceremony", "usr/local/bin/steward-trustd-gencreds", "usr/local/bin/steward-trustd-authorizer",
 		imageLibDir()[1:] + "/libc.so.6", imageLibDir()[1:] + "/libstdc++.so.6", imageLibDir()[1:] + "/libgcc_s.so.1"} {
 		if _, err := os.Stat(filepath.Join(root, want)); err != nil {
 			t.Errorf("image lacks /%s: %v", want, err)
