@@ -15,6 +15,8 @@ RUN go mod download
 COPY . .
 RUN CGO_ENABLED=1 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
       -o /out/ ./cmd/steward-trustd ./cmd/steward-trustd-gencreds ./cmd/steward-trustd-ceremony
+# The authorizer is a module of its own (client-go stays out of the daemon's graph).
+RUN cd cmd/steward-trustd-authorizer && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/ .
 
 # Run: distroless cc = glibc + libstdc++ + libgcc_s (C++ PKCS#11 modules
 # such as SoftHSM need the last two; distroless/base lacks them), no shell,
