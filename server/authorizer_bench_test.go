@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -45,13 +46,16 @@ func benchInventory(n int) string {
 // the allow cache off so that every request is decided). decision-p99-ms
 // is the 99th percentile of the decision alone.
 func BenchmarkCertificateHandlerAuthorizer(b *testing.B) {
-	for _, mode := range []string{"off", "file"} {
+	for _, mode := range []string{"off", "file", "unix"} {
 		b.Run("authorizer="+mode, func(b *testing.B) {
 			ca := newTestCA(b, signer.ECDSAP256)
 			cfg := Config{Signer: ca.signer, Credentials: ca.credentials(b, testToken), Audit: slog.New(slog.DiscardHandler), RateLimits: RateLimits{PerPeerRate: -1, MaxSignerQueue: 4096}}
 			var lat *latencies
-			if mode == "file" {
+			switch mode {
+			case "file":
 				cfg.Authorizer, lat = benchFileAuthorizer(b)
+			case "unix":
+				cfg.Authorizer, lat = benchUnixAuthorizer(b)
 			}
 			svc, err := New(cfg)
 			if err != nil {
@@ -139,11 +143,7 @@ func (t *timedDecider) Decide(ctx context.Context, req *authz.Request) (*authz.R
 
 func benchFileAuthorizer(b *testing.B) (*Authorizer, *latencies) {
 	dir := b.TempDir()
-	path := filepath.Join(dir, "inventory.json")
-	if err := os.WriteFile(path, []byte(benchInventory(5000)), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	fd, err := NewFileDecider(path, filepath.Join(dir, "state.json"), nil, nil)
+	fd, err := NewFileDecider(writeBenchInventory(b, dir), filepath.Join(dir, "state.json"), nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -153,6 +153,45 @@ func benchFileAuthorizer(b *testing.B) (*Authorizer, *latencies) {
 		b.Fatal(err)
 	}
 	return a, lat
+}
+
+// benchUnixAuthorizer is the webhook path as the authorizer container
+// serves it: the same inventory behind authz.Handler (what
+// steward-trustd-authorizer serve runs, whatever its sources) on a unix
+// socket, asked through the daemon's webhook client.
+func benchUnixAuthorizer(b *testing.B) (*Authorizer, *latencies) {
+	dir := b.TempDir()
+	fd, err := NewFileDecider(writeBenchInventory(b, dir), filepath.Join(dir, "state.json"), nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sock := filepath.Join(dir, "authz.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: authz.Handler(fd.engine, slog.New(slog.DiscardHandler)), ReadHeaderTimeout: time.Second}
+	go func() { _ = srv.Serve(l) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	wh, err := NewWebhook("unix://"+sock, WebhookTLS{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	lat := &latencies{}
+	a, err := NewAuthorizer(AuthorizerConfig{Decider: &timedDecider{Decider: wh, lat: lat}, CacheTTL: -1, MaxConcurrent: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return a, lat
+}
+
+// writeBenchInventory writes the 5000-machine inventory into dir.
+func writeBenchInventory(b *testing.B, dir string) string {
+	path := filepath.Join(dir, "inventory.json")
+	if err := os.WriteFile(path, []byte(benchInventory(5000)), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	return path
 }
 
 // BenchmarkFileDecision is one decision of the built-in file authorizer
