@@ -105,7 +105,7 @@ func (o *serveOptions) serve(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }() // the server closed it already on the way out
 	st, err := authz.OpenState(o.state)
 	if err != nil {
 		return err
@@ -194,8 +194,7 @@ func unixListener(path, modeText string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	if err := os.Chmod(path, os.FileMode(mode)); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("chmod %s: %w", path, err)
+		return nil, errors.Join(fmt.Errorf("chmod %s: %w", path, err), ln.Close())
 	}
 	return ln, nil
 }
@@ -226,7 +225,7 @@ func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, healthAddr 
 				log.Error("health endpoint", "addr", healthAddr, "error", err)
 			}
 		}()
-		defer hs.Close()
+		defer func() { _ = hs.Close() }() // on the way out; its errors are logged above
 	}
 	go func() {
 		<-ctx.Done()
