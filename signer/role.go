@@ -4,7 +4,8 @@ import "context"
 
 // KeyRole names what a key is for, so that a backend's messages about a
 // key (the file backend's warning that it is held in memory) say which
-// key: the OS CA's, a tiered node's intermediate, a policy authority.
+// key: the OS CA's, a tiered node's intermediate, a policy authority,
+// the issuance log's checkpoint key or a witness's.
 type KeyRole string
 
 // The roles a key plays.
@@ -12,6 +13,8 @@ const (
 	RoleOSCA         KeyRole = "OS CA"
 	RoleIntermediate KeyRole = "intermediate CA"
 	RoleAuthority    KeyRole = "policy authority"
+	RoleIssuanceLog  KeyRole = "issuance log"
+	RoleLogWitness   KeyRole = "log witness"
 )
 
 type roleKey struct{}

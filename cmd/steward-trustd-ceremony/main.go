@@ -100,6 +100,10 @@ func keyRole(cmd *cobra.Command) signer.KeyRole {
 		return signer.RoleIntermediate
 	case parent == "policy":
 		return signer.RoleAuthority
+	case parent == "log" && cmd.Name() == "witness":
+		return signer.RoleLogWitness
+	case parent == "log":
+		return signer.RoleIssuanceLog
 	case cmd.Name() == "status" || cmd.Name() == "doctor":
 		return ""
 	}

@@ -233,6 +233,8 @@ func TestKeyRoles(t *testing.T) {
 		{[]string{"rotate"}, signer.RoleOSCA},
 		{[]string{"rotate", "--intermediate"}, signer.RoleIntermediate},
 		{[]string{"policy", "approve"}, signer.RoleAuthority},
+		{[]string{"log", "init"}, signer.RoleIssuanceLog},
+		{[]string{"log", "witness"}, signer.RoleLogWitness},
 		{[]string{"status"}, ""},
 	}
 	for _, tt := range tests {

@@ -36,7 +36,7 @@ func openIssueLog(ctx context.Context, cfg *config, log *slog.Logger, reg promet
 	if err != nil {
 		return nil, err
 	}
-	key, err := bk.Open(ctx, cfg.logKey)
+	key, err := bk.Open(signer.WithKeyRole(ctx, signer.RoleIssuanceLog), cfg.logKey)
 	if err != nil {
 		return nil, fmt.Errorf("open log key (TRUSTD_LOG_KEY): %w", err)
 	}
