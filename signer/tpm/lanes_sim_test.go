@@ -139,11 +139,32 @@ func TestAbandonedSignLeaksNoSession(t *testing.T) {
 // client of a TPM without a resource manager may.
 func flushSessions(t *testing.T, sim *tpmsim.Simulator) {
 	t.Helper()
-	for _, h := range loadedSessions(t, sim) {
+	flushHandles(t, sim, loadedSessions(t, sim))
+}
+
+// flushHandles flushes hs from the simulator, as another client of a TPM
+// without a resource manager (or a reset) would.
+func flushHandles(t *testing.T, sim *tpmsim.Simulator, hs []tpm2.TPMHandle) {
+	t.Helper()
+	for _, h := range hs {
 		if _, err := (tpm2.FlushContext{FlushHandle: h}).Execute(sim.TPM()); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// simSigner is a new blob key on a fresh simulator with the URI
+// attributes attrs, closed when the test ends.
+func simSigner(t *testing.T, attrs string) (*tpmsim.Simulator, signer.Signer) {
+	t.Helper()
+	sim := tpmsim.NewSimulator(t)
+	b := &tpm.Backend{Dial: sim.Dial}
+	s, err := b.Generate(ctx, blobURI(t, attrs), signer.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return sim, s
 }
 
 func evictPersistent(t *testing.T, sim *tpmsim.Simulator, s signer.Signer, h tpm2.TPMHandle) {
@@ -163,13 +184,7 @@ func evictPersistent(t *testing.T, sim *tpmsim.Simulator, s signer.Signer, h tpm
 // by another client of the device, or the TPM was reset), the signature
 // does not fail: it runs once more on a fresh session.
 func TestLostSessionIsReplaced(t *testing.T) {
-	sim := tpmsim.NewSimulator(t)
-	b := &tpm.Backend{Dial: sim.Dial}
-	s, err := b.Generate(ctx, blobURI(t, ""), signer.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	sim, s := simSigner(t, "")
 	for range 3 {
 		if err := signOnce(s); err != nil {
 			t.Fatal(err)
@@ -189,13 +204,7 @@ func TestLostSessionIsReplaced(t *testing.T) {
 // sessions at most on the TPM), and Close leaves nothing loaded (the
 // simulator's cleanup checks).
 func TestTwoConnections(t *testing.T) {
-	sim := tpmsim.NewSimulator(t)
-	b := &tpm.Backend{Dial: sim.Dial}
-	s, err := b.Generate(ctx, blobURI(t, "connections=2"), signer.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	sim, s := simSigner(t, "connections=2")
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for range 8 {
@@ -223,23 +232,13 @@ func TestTwoConnections(t *testing.T) {
 // every handle, as a reset would), the signature does not fail: the
 // connection is redone, the key reloaded, and it runs once more.
 func TestLostKeyIsReloaded(t *testing.T) {
-	sim := tpmsim.NewSimulator(t)
-	b := &tpm.Backend{Dial: sim.Dial}
-	s, err := b.Generate(ctx, blobURI(t, ""), signer.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	sim, s := simSigner(t, "")
 	for range 3 {
 		hs, err := tpm.LoadedHandles(sim.TPM())
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, h := range hs {
-			if _, err := (tpm2.FlushContext{FlushHandle: h}).Execute(sim.TPM()); err != nil {
-				t.Fatal(err)
-			}
-		}
+		flushHandles(t, sim, hs)
 		if err := signOnce(s); err != nil {
 			t.Fatalf("Sign after the TPM lost the key and session: %v", err)
 		}
