@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -200,15 +199,4 @@ func machineRequest(t *testing.T, addr, token string, caPEM []byte, ip, name str
 		err = errors.New("empty certificate in a successful answer")
 	}
 	return ca, crt, identity, err
-}
-
-// buildAuthorizer builds cmd/steward-trustd-authorizer (its own module).
-func buildAuthorizer(t testing.TB) string {
-	t.Helper()
-	dir, err := devtest.BuildBinaries(filepath.Join("..", "..", "cmd", "steward-trustd-authorizer"), ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return filepath.Join(dir, "steward-trustd-authorizer")
 }

@@ -87,7 +87,7 @@ func (e *authzE2E) refused(t *testing.T, src, ip, name, code, outcome string) {
 // its own 127.0.0.x address.
 func TestAuthorizerTalosWorkers(t *testing.T) {
 	dir := t.TempDir()
-	e := &authzE2E{certs: gencreds(t), files: authorizerFiles{bin: buildAuthorizer(t), sock: filepath.Join(dir, "authz.sock"),
+	e := &authzE2E{certs: gencreds(t), files: authorizerFiles{bin: filepath.Join(binDir, "steward-trustd-authorizer"), sock: filepath.Join(dir, "authz.sock"),
 		inventory: filepath.Join(dir, "inventory.json"), state: filepath.Join(dir, "state.json")}, m: newAuthzFleet()}
 	e.token = strings.TrimSpace(string(readFile(t, filepath.Join(e.certs, certdir.FileToken))))
 	e.caPEM = readFile(t, filepath.Join(e.certs, certdir.FileCACert))

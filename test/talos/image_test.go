@@ -22,13 +22,6 @@ const imageUID = 65532
 // binaries TestMain built and returns the OCI layout directory.
 func buildImage(t *testing.T) string {
 	t.Helper()
-	// The authorizer is its own module (client-go stays out of the
-	// daemon's graph), so TestMain's build of ./cmd/... does not make it.
-	auth := exec.Command("go", "build", "-o", binDir+string(filepath.Separator), ".")
-	auth.Dir = filepath.Join("..", "..", "cmd", "steward-trustd-authorizer")
-	if b, err := auth.CombinedOutput(); err != nil {
-		t.Fatalf("build steward-trustd-authorizer: %v\n%s", err, b)
-	}
 	out := filepath.Join(t.TempDir(), "image")
 	cmd := exec.Command("go", "run", ".", "-out", out, "-tag", "e2e", "-bin", "linux/"+runtime.GOARCH+"="+binDir)
 	cmd.Dir = filepath.Join("..", "..", "hack", "image")
